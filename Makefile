@@ -1,0 +1,44 @@
+# Convoy developer entry points. Every target installs what it needs into .venv first,
+# so a fresh clone needs only python3 and make.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+RECIPE ?= recipes/default.yaml
+PYTEST_ARGS ?=
+
+export RAY_USAGE_STATS_ENABLED := 0
+
+.PHONY: install run test lint format bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[ray,dev]"
+	touch $(STAMP)
+
+## run: train the default recipe (ViT on digits, ddp, 2 workers on an embedded local Ray)
+run: install
+	$(VENV)/bin/convoy train $(RECIPE)
+
+## lint: ruff (lint + format check) and mypy
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/mypy
+
+format: install
+	$(VENV)/bin/ruff check --fix src tests benchmarks
+	$(VENV)/bin/ruff format src tests benchmarks
+
+## test: lint, then every test tier (unit, distributed, e2e)
+test: install lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: install
+	$(PY) benchmarks/launcher_overhead.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

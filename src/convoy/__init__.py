@@ -1,0 +1,21 @@
+"""Convoy: distributed PyTorch training on Ray.
+
+One YAML recipe describes a job; ``strategy.name`` picks how state is split (single, ddp,
+fsdp, fsdp2) and ``scaling.launcher`` picks where workers run (local, torchrun, ray). Ray is
+optional: this package and the local/torchrun launchers import without it.
+"""
+
+from convoy.config import Job, load_job
+from convoy.errors import ConfigError, ConvoyError
+
+__version__ = "0.1.0"
+
+
+def train(job: Job):  # type: ignore[no-untyped-def]
+    """Run ``job`` with the launcher it names and return a ``RunResult``."""
+    from convoy.launchers import get_launcher
+
+    return get_launcher(job.scaling.launcher).launch(job)
+
+
+__all__ = ["ConfigError", "ConvoyError", "Job", "__version__", "load_job", "train"]

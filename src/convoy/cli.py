@@ -1,0 +1,155 @@
+"""``convoy``: the one command-line entry point.
+
+    convoy train RECIPE.yaml [-o key.path=value ...]
+    convoy config show RECIPE.yaml [-o key.path=value ...]
+    convoy list
+
+Errors caused by input (a bad config, a missing dataset, an impossible resource request) are
+printed as one paragraph without a traceback, with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from convoy.config import Job, job_to_yaml, load_job
+from convoy.errors import ConvoyError
+
+EXAMPLES = """\
+examples:
+  convoy train recipes/default.yaml
+  convoy train recipes/default.yaml -o strategy.name=fsdp2 -o scaling.num_workers=2
+  convoy train recipes/digits_mlp_local.yaml -o optim.lr=3e-3 -o run.epochs=5
+  convoy config show recipes/default.yaml -o scaling.launcher=torchrun
+"""
+
+
+def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", nargs="?", help="YAML recipe; the built-in defaults if omitted")
+    parser.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override a config field by its dotted path, e.g. -o optim.lr=3e-4 "
+        "(values are parsed as YAML; repeat for several)",
+    )
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="convoy",
+        description="Distributed PyTorch training on Ray: one recipe, four strategies "
+        "(single, ddp, fsdp, fsdp2), three launchers (local, torchrun, ray).",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    train = commands.add_parser(
+        "train",
+        help="train a recipe",
+        description="Validate the recipe, start its launcher's workers and train. Outputs go "
+        "to <run.storage_dir>/<run.name>/: config.yaml, metrics.jsonl, summary.json.",
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _add_recipe_args(train)
+
+    config = commands.add_parser("config", help="inspect configs", description="Inspect configs.")
+    config_commands = config.add_subparsers(dest="config_command", metavar="ACTION", required=True)
+    show = config_commands.add_parser(
+        "show",
+        help="print the resolved, validated config",
+        description="Load a recipe, apply overrides, validate everything that can be checked "
+        "before a worker starts, and print the resolved config as YAML.",
+    )
+    _add_recipe_args(show)
+
+    commands.add_parser(
+        "list",
+        help="list models, datasets, strategies and launchers",
+        description="List the names each registry accepts.",
+    )
+    return parser
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    import convoy
+
+    job = load_job(args.recipe, args.override)
+    result = convoy.train(job)
+    print(format_summary(result.summary, str(result.run_dir)))
+    return 0
+
+
+def cmd_config_show(args: argparse.Namespace) -> int:
+    print(job_to_yaml(load_job(args.recipe, args.override)), end="")
+    return 0
+
+
+def cmd_list(_: argparse.Namespace) -> int:
+    from convoy.config import STRATEGY_NAMES
+    from convoy.data.registry import DATASETS
+    from convoy.launchers import LAUNCHER_NAMES
+    from convoy.models.registry import MODELS
+
+    print("models:     " + ", ".join(MODELS) + "  (or package.module:factory)")
+    print("datasets:   " + ", ".join(DATASETS))
+    print("strategies: " + ", ".join(STRATEGY_NAMES))
+    print("launchers:  " + ", ".join(LAUNCHER_NAMES))
+    return 0
+
+
+def format_summary(summary: dict[str, Any], run_dir: str) -> str:
+    """The table printed at the end of ``convoy train``."""
+    metrics = summary["metrics"]
+    columns = ("loss", "acc", "top5", "f1", "samples")
+    lines = ["", f"{'split':<8}" + "".join(f"{c:>10}" for c in columns)]
+    for split in ("train", "val", "test"):
+        if f"{split}/loss" not in metrics:
+            continue
+        cells = []
+        for column in columns:
+            value = metrics.get(f"{split}/{column}")
+            if value is None:
+                cells.append(f"{'-':>10}")
+            elif column in ("acc", "top5"):
+                cells.append(f"{100 * value:>9.2f}%")
+            elif column == "samples":
+                cells.append(f"{int(value):>10}")
+            else:
+                cells.append(f"{value:>10.4f}")
+        lines.append(f"{split:<8}" + "".join(cells))
+    memory = ", ".join(f"{m / 2**20:,.0f}" for m in summary["peak_memory_bytes_per_rank"])
+    step = summary["step_seconds_median"]
+    lines += [
+        "",
+        f"{summary['strategy']} x {summary['world_size']} on {summary['launcher']}, "
+        f"{summary['precision']}, {summary['steps']} steps",
+        f"wall {summary['wall_seconds']:.1f} s | {summary['samples_per_second']:,.0f} samples/s | "
+        f"step {1000 * step:.1f} ms (median) | data wait {100 * summary['data_wait_fraction']:.1f}%"
+        if step is not None
+        else f"wall {summary['wall_seconds']:.1f} s",
+        f"peak memory per rank (MiB): {memory}",
+        f"run dir: {run_dir}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"train": cmd_train, "list": cmd_list}
+    handler = cmd_config_show if args.command == "config" else handlers[args.command]
+    try:
+        return handler(args)
+    except ConvoyError as exc:
+        print(f"convoy: error: {exc}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["Job", "build_parser", "main"]

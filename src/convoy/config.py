@@ -1,0 +1,333 @@
+"""The job config: one frozen, validated pydantic model built from a YAML recipe plus overrides.
+
+A ``Job`` has the sections ``model``, ``data``, ``optim``, ``strategy``, ``precision``,
+``scaling`` and ``run``. Every section forbids unknown keys, so a misspelled key fails at load
+time with a suggestion instead of being silently ignored. Checks that span sections (global
+batch divisible by workers x accumulation, fp16 needs a GPU, a registered model and dataset)
+run once the whole job is known, before any worker starts.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from convoy.errors import ConfigError, one_of
+
+
+class Section(BaseModel):
+    """Base for every config section: frozen, unknown keys forbidden."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
+
+
+class ModelConfig(Section):
+    name: str = "vit_tiny"
+    """A registered model name (see ``convoy.models``) or a user factory ``package.module:fn``."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the factory; ``num_classes``, ``in_channels`` and ``image_size``
+    default to the dataset's."""
+
+
+class DataConfig(Section):
+    name: str = "digits"
+    """A registered dataset: digits, synthetic, cifar10, imagefolder."""
+    path: str | None = None
+    """Directory or archive for datasets read from disk (cifar10, imagefolder)."""
+    batch_size: Annotated[int, Field(gt=0)] = 64
+    """Global training batch: split over workers and accumulation steps."""
+    eval_batch_size: Annotated[int, Field(gt=0)] = 256
+    """Per-worker batch for evaluation."""
+    num_workers: Annotated[int, Field(ge=0)] = 0
+    """DataLoader worker processes per training worker."""
+    val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
+    """Share of the training set held out for validation when the dataset has no val split."""
+    test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2
+    """Share held out for test when the dataset has no test split (digits)."""
+    image_size: Annotated[int, Field(gt=0)] | None = None
+    """Resize images to this size (imagefolder); synthetic images use it as their size."""
+    train_size: Annotated[int, Field(gt=0)] | None = None
+    """Number of training samples (synthetic), or a cap on them (other datasets)."""
+    augment_crop_padding: Annotated[int, Field(ge=0)] = 0
+    """Training-only augmentation: pad by this many pixels and crop back at a random offset."""
+
+
+class OptimConfig(Section):
+    name: Literal["adamw", "sgd"] = "adamw"
+    lr: Annotated[float, Field(gt=0)] = 1e-3
+    """Peak learning rate (after warmup), before optional linear scaling."""
+    weight_decay: Annotated[float, Field(ge=0)] = 0.05
+    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
+    """SGD momentum (ignored by AdamW)."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    warmup_steps: Annotated[int, Field(ge=0)] = 0
+    schedule: Literal["cosine", "constant"] = "cosine"
+    min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
+    """Cosine floor as a fraction of the peak learning rate."""
+    scale_lr_base_batch: Annotated[int, Field(gt=0)] | None = None
+    """If set, lr is scaled linearly by global_batch / this value (Goyal et al.)."""
+    grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
+    """Clip the global gradient norm (over every shard) to this value."""
+    grad_accum_steps: Annotated[int, Field(gt=0)] = 1
+
+
+class SingleStrategyConfig(Section):
+    name: Literal["single"] = "single"
+
+
+class DDPStrategyConfig(Section):
+    name: Literal["ddp"] = "ddp"
+    comm_hook: Literal["none", "fp16", "bf16"] = "none"
+    """Gradient compression for the allreduce (as Horovod's fp16 compression)."""
+    find_unused_parameters: bool = False
+    bucket_cap_mb: Annotated[float, Field(gt=0)] = 25.0
+
+
+class FSDPStrategyConfig(Section):
+    name: Literal["fsdp"] = "fsdp"
+    sharding: Literal["full_shard", "shard_grad_op", "no_shard"] = "full_shard"
+    cpu_offload: bool = False
+
+
+class FSDP2StrategyConfig(Section):
+    name: Literal["fsdp2"] = "fsdp2"
+    reshard_after_forward: bool = True
+    cpu_offload: bool = False
+    reduce_dtype: Literal["fp32", "bf16"] = "fp32"
+    """Dtype of the gradient reduce-scatter; params use the job's precision."""
+
+
+StrategyConfig = Annotated[
+    SingleStrategyConfig | DDPStrategyConfig | FSDPStrategyConfig | FSDP2StrategyConfig,
+    Field(discriminator="name"),
+]
+STRATEGY_NAMES = ("single", "ddp", "fsdp", "fsdp2")
+
+
+class TorchrunConfig(Section):
+    nnodes: str = "1"
+    """Number of nodes, or ``MIN:MAX`` for elastic training."""
+    node_rank: Annotated[int, Field(ge=0)] | None = None
+    rdzv_backend: Literal["c10d", "static"] = "c10d"
+    rdzv_endpoint: str | None = None
+    """host:port of the rendezvous; a free local port when unset."""
+    rdzv_id: str | None = None
+
+
+class ScalingConfig(Section):
+    launcher: Literal["local", "torchrun", "ray"] = "ray"
+    num_workers: Annotated[int, Field(gt=0)] = 2
+    use_gpu: bool = False
+    cpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
+    """CPUs Ray reserves per train worker; fractional values leave CPUs for Ray Data."""
+    gpus_per_worker: Annotated[float, Field(ge=0)] | None = None
+    resources_per_worker: dict[str, float] = Field(default_factory=dict)
+    """Extra custom Ray resources per worker."""
+    threads_per_worker: Annotated[int, Field(gt=0)] | None = None
+    """torch intra-op threads per worker; default: the node's cores / local workers."""
+    max_failures: Annotated[int, Field(ge=0)] = 0
+    """Restarts after a worker failure (Ray FailureConfig / torchrun --max-restarts)."""
+    torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
+
+
+class RunConfig(Section):
+    name: str | None = None
+    """Run directory name; unnamed runs get ``<model>-<data>-<strategy>-<timestamp>``."""
+    storage_dir: str = "runs"
+    """Root for run outputs: ``<storage_dir>/<name>/``."""
+    seed: int = 0
+    epochs: Annotated[int, Field(gt=0)] = 1
+    max_steps: Annotated[int, Field(gt=0)] | None = None
+    """Stop after this many optimizer steps (overrides epochs when reached first)."""
+    eval_every_epochs: Annotated[int, Field(gt=0)] = 1
+    log_every_steps: Annotated[int, Field(gt=0)] = 10
+    progress: Literal["auto", "bar", "plain", "off"] = "auto"
+    """auto: a live bar on a TTY, plain lines otherwise (rank 0 only)."""
+    collective_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+
+    @field_validator("progress", mode="before")
+    @classmethod
+    def _yaml_off_is_false(cls, value: Any) -> Any:
+        # YAML 1.1 reads a bare `off` as False; the user meant the string.
+        return "off" if value is False else value
+
+
+class Job(Section):
+    """A whole training job."""
+
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    data: DataConfig = Field(default_factory=DataConfig)
+    optim: OptimConfig = Field(default_factory=OptimConfig)
+    strategy: StrategyConfig = Field(default_factory=SingleStrategyConfig)
+    precision: Literal["fp32", "bf16", "fp16"] = "fp32"
+    scaling: ScalingConfig = Field(default_factory=ScalingConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _check_across_sections(self) -> Job:
+        check_job(self)
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        """``<storage_dir>/<name>`` as an absolute path (launchers name unnamed runs first)."""
+        return Path(self.run.storage_dir).expanduser().resolve() / (self.run.name or "unnamed")
+
+
+def check_job(job: Job) -> None:
+    """Checks that need more than one section. Raises ``ConfigError``."""
+    workers, accum = job.scaling.num_workers, job.optim.grad_accum_steps
+    if job.data.batch_size % (workers * accum):
+        raise ConfigError(
+            "data.batch_size",
+            job.data.batch_size,
+            f"the global batch must be divisible by scaling.num_workers x "
+            f"optim.grad_accum_steps = {workers} x {accum} = {workers * accum}",
+        )
+    if job.precision == "fp16" and not job.scaling.use_gpu:
+        raise ConfigError(
+            "precision",
+            "fp16",
+            "fp16 with a grad scaler needs a GPU (scaling.use_gpu: true); on CPU use 'bf16' or 'fp32'",
+        )
+    if job.strategy.name == "single" and workers > 1:
+        raise ConfigError(
+            "strategy.name",
+            "single",
+            f"'single' trains one worker but scaling.num_workers is {workers}; "
+            f"use 'ddp', 'fsdp' or 'fsdp2', or set scaling.num_workers=1",
+        )
+    if job.scaling.launcher == "local" and workers > 1:
+        raise ConfigError(
+            "scaling.num_workers",
+            workers,
+            "the 'local' launcher runs one in-process worker; use 'torchrun' or 'ray' for more",
+        )
+    # Registries are imported here, not at module top, to keep config import light.
+    from convoy.data.registry import check_dataset
+    from convoy.models.registry import check_model
+
+    check_model(job.model.name, job.model.kwargs)
+    check_dataset(job.data)
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading: YAML + dotted overrides -> Job, with errors that name the field.
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into a key path and a YAML-parsed value."""
+    key, sep, raw = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError("-o", text, "overrides look like key.path=value, e.g. optim.lr=3e-4")
+    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Return a copy of ``data`` with every ``key.path=value`` override applied."""
+    result = _deep_copy(data)
+    for text in overrides:
+        path, value = parse_override(text)
+        node = result
+        for i, part in enumerate(path[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(".".join(path[: i + 1]), child, "it is a value, not a section")
+            node = child
+        node[path[-1]] = value
+    return result
+
+
+def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in data.items()}
+
+
+def job_from_dict(data: dict[str, Any]) -> Job:
+    """Validate a plain dict into a ``Job``; pydantic errors become one ``ConfigError``."""
+    try:
+        return Job.model_validate(data)
+    except ValidationError as exc:
+        raise _to_config_error(exc, data) from None
+
+
+def load_job(path: str | Path | None = None, overrides: list[str] | None = None) -> Job:
+    """Load a YAML recipe (or the defaults when ``path`` is None) and apply overrides."""
+    data: dict[str, Any] = {}
+    if path is not None:
+        recipe = Path(path)
+        if not recipe.is_file():
+            raise ConfigError("recipe", str(path), "expected a YAML file that exists")
+        try:
+            loaded = yaml.safe_load(recipe.read_text())
+        except yaml.YAMLError as exc:
+            raise ConfigError("recipe", str(path), f"not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError("recipe", str(path), "the top level must be a mapping of sections")
+        data = loaded or {}
+    return job_from_dict(apply_overrides(data, overrides or []))
+
+
+def job_to_yaml(job: Job) -> str:
+    """The resolved config as YAML (what ``convoy config show`` prints and runs save)."""
+    return yaml.safe_dump(job.model_dump(mode="json"), sort_keys=False)
+
+
+def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
+    """Turn pydantic's first error into one readable paragraph."""
+    err = exc.errors(include_url=False)[0]
+    loc = [str(p) for p in err["loc"] if not _is_union_tag(p, err)]
+    field = ".".join(loc) or "config"
+    value = err.get("input")
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent_model = _section_model(loc[:-1], data)
+        known = sorted(parent_model.model_fields) if parent_model else []
+        guess = difflib.get_close_matches(loc[-1], known, n=1)
+        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        return ConfigError(field, value, f"unknown key{hint}; {one_of(known)}")
+    if kind == "union_tag_invalid":
+        return ConfigError(field + ".name", err["ctx"]["tag"], one_of(STRATEGY_NAMES))
+    if kind == "missing":
+        return ConfigError(field, None, "this field is required")
+    return ConfigError(field, value, err["msg"][0].lower() + err["msg"][1:])
+
+
+def _is_union_tag(part: Any, err: Any) -> bool:
+    # pydantic puts the discriminator tag (e.g. 'ddp') into the location path.
+    return isinstance(part, str) and part in STRATEGY_NAMES and err["type"] != "literal_error"
+
+
+def _section_model(loc: list[str], data: dict[str, Any]) -> type[BaseModel] | None:
+    model: type[BaseModel] = Job
+    node: Any = data
+    for part in loc:
+        node = node.get(part, {}) if isinstance(node, dict) else {}
+        if part == "strategy":
+            name = node.get("name", "single") if isinstance(node, dict) else "single"
+            model = STRATEGY_MODELS.get(name, SingleStrategyConfig)
+            continue
+        field = model.model_fields.get(part)
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+STRATEGY_MODELS: dict[str, type[Section]] = {
+    "single": SingleStrategyConfig,
+    "ddp": DDPStrategyConfig,
+    "fsdp": FSDPStrategyConfig,
+    "fsdp2": FSDP2StrategyConfig,
+}

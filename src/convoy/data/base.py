@@ -1,0 +1,80 @@
+"""What every data source returns: three splits and the shape of one sample."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch.utils.data import Dataset
+
+
+class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Images held in memory (uint8 or float) with per-channel normalization on access."""
+
+    def __init__(
+        self,
+        images: torch.Tensor,
+        labels: torch.Tensor,
+        mean: tuple[float, ...] | None = None,
+        std: tuple[float, ...] | None = None,
+        scale: float = 1.0,
+        crop_padding: int = 0,
+    ) -> None:
+        if len(images) != len(labels):
+            raise ValueError(f"{len(images)} images but {len(labels)} labels")
+        self.images = images
+        self.labels = labels.long()
+        self.scale = scale
+        self.crop_padding = crop_padding
+        channels = images.shape[1]
+        self.mean = torch.tensor(mean or (0.0,) * channels).view(-1, 1, 1)
+        self.std = torch.tensor(std or (1.0,) * channels).view(-1, 1, 1)
+
+    def __len__(self) -> int:
+        return len(self.labels)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        image = self.images[index].float() * self.scale
+        if self.crop_padding:  # before normalizing, so the padding is black, not the mean
+            image = random_crop(image, self.crop_padding)
+        return (image - self.mean) / self.std, self.labels[index]
+
+
+def random_crop(image: torch.Tensor, padding: int) -> torch.Tensor:
+    """Zero-pad by ``padding`` and crop back at a random offset (a random shift)."""
+    size_h, size_w = image.shape[-2:]
+    padded = torch.nn.functional.pad(image, (padding,) * 4)
+    top, left = torch.randint(0, 2 * padding + 1, (2,)).tolist()
+    return padded[..., top : top + size_h, left : left + size_w]
+
+
+@dataclass(frozen=True)
+class Splits:
+    """Train / val / test datasets plus what a model needs to know about a sample."""
+
+    train: Dataset
+    val: Dataset
+    test: Dataset
+    num_classes: int
+    in_channels: int
+    image_size: int
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return {
+            "num_classes": self.num_classes,
+            "in_channels": self.in_channels,
+            "image_size": self.image_size,
+        }
+
+
+def seeded_split(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
+    """Shuffle ``range(n)`` with ``seed`` and cut off one index set per fraction; the rest last."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    parts, start = [], 0
+    for fraction in fractions:
+        size = round(n * fraction)
+        parts.append(order[start : start + size])
+        start += size
+    parts.append(order[start:])
+    return parts

@@ -1,0 +1,41 @@
+"""Dataset registry: ``data.name`` -> a loader returning ``Splits``.
+
+``check_dataset`` runs in the driver before any worker starts, so a missing path is reported
+once, clearly, instead of once per rank from inside a worker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from convoy.config import DataConfig
+from convoy.data.base import Splits
+from convoy.data.cifar10 import check_cifar10_path, load_cifar10
+from convoy.data.imagefolder import check_imagefolder_path, load_imagefolder
+from convoy.data.sources import load_digits, load_synthetic
+from convoy.errors import ConfigError, one_of
+
+DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
+    "digits": load_digits,
+    "synthetic": load_synthetic,
+    "cifar10": load_cifar10,
+    "imagefolder": load_imagefolder,
+}
+PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
+    "cifar10": check_cifar10_path,
+    "imagefolder": check_imagefolder_path,
+}
+
+
+def check_dataset(cfg: DataConfig) -> None:
+    """Fail early on an unknown dataset name or a missing path."""
+    if cfg.name not in DATASETS:
+        raise ConfigError("data.name", cfg.name, one_of(DATASETS))
+    check = PATH_CHECKS.get(cfg.name)
+    if check is not None:
+        check(cfg.path)
+
+
+def load_splits(cfg: DataConfig) -> Splits:
+    """Build the three splits of the configured dataset."""
+    return DATASETS[cfg.name](cfg)

@@ -1,0 +1,95 @@
+"""Rank-aware helpers: the worker context a launcher hands the engine, and small collectives.
+
+``WorkerContext`` is the only thing the engine knows about where it runs. Each launcher builds
+one from its own world (torchrun's env vars, Ray Train's context, or a world of one).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import resource
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    """Who this worker is and how to join its process group."""
+
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+    init_method: str | None = None
+    """How to create the process group if the launcher has not (``env://``, ``tcp://``)."""
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def free_port() -> int:
+    """A TCP port on loopback that is free right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def join_process_group(ctx: WorkerContext, timeout_s: float) -> bool:
+    """Create the process group unless one exists; True if this call created it."""
+    if dist.is_initialized():
+        return False
+    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    dist.init_process_group(
+        backend,
+        init_method=ctx.init_method or "env://",
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    return True
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def all_reduce_mean(values: torch.Tensor) -> torch.Tensor:
+    """Mean of ``values`` over all ranks (identity without a process group)."""
+    if not is_distributed():
+        return values
+    reduced = values.detach().clone()
+    dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+    return reduced / dist.get_world_size()
+
+
+def all_gather_objects(value: Any) -> list[Any]:
+    """Every rank's ``value``, in rank order."""
+    if not is_distributed():
+        return [value]
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def barrier() -> None:
+    if is_distributed():
+        dist.barrier()
+
+
+def peak_memory_bytes(device: torch.device) -> int:
+    """Peak accelerator memory allocated, or this process's peak resident set on CPU."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_allocated(device))
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def default_threads(local_world_size: int) -> int:
+    """Split the node's cores between the workers on it."""
+    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))

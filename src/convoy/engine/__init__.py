@@ -1,0 +1,1 @@
+"""The engine: one training loop (``loop.train``) shared by every strategy and launcher."""

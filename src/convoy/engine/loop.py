@@ -1,0 +1,289 @@
+"""The one training loop, for every strategy and every launcher.
+
+``train(job, ctx)`` runs on each worker: it joins the process group if the launcher has not,
+builds data, model and strategy from the job, trains with accumulation (``no_sync`` on all
+but the last micro-step), mixed precision, clipping and an LR schedule, evaluates on val each
+``eval_every_epochs`` and on test at the end, and returns the summary (rank 0 also writes it).
+The loop never asks which launcher started it; the ``WorkerContext`` is all it knows.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+
+from convoy.config import Job
+from convoy.data.base import Splits
+from convoy.data.loaders import eval_loader, train_loader
+from convoy.data.registry import load_splits
+from convoy.distributed import (
+    WorkerContext,
+    all_gather_objects,
+    all_reduce_mean,
+    default_threads,
+    join_process_group,
+    peak_memory_bytes,
+)
+from convoy.engine.amp import Precision
+from convoy.engine.evaluate import evaluate
+from convoy.engine.progress import Progress, format_epoch
+from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
+from convoy.errors import ConfigError
+from convoy.metrics import MetricsManager
+from convoy.models.registry import build_model, count_parameters
+from convoy.outputs import RunOutputs
+from convoy.strategies import Strategy, build_strategy
+from convoy.strategies.base import dtype_from_name
+
+# Steps excluded from the steady-state step time (allocator and thread-pool warm-up).
+WARMUP_STEPS_EXCLUDED = 3
+
+
+def seed_everything(seed: int) -> None:
+    """Same seed on every rank: identical initial weights without a broadcast."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+@dataclass
+class Timers:
+    """Wall-clock bookkeeping for the summary."""
+
+    start: float = field(default_factory=time.time)
+    first_step_end: float | None = None
+    step_seconds: list[float] = field(default_factory=list)
+    data_wait_seconds: float = 0.0
+    train_seconds: float = 0.0
+    samples: int = 0
+
+
+@dataclass
+class TrainState:
+    """Everything the loop mutates."""
+
+    model: nn.Module
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    strategy: Strategy
+    precision: Precision
+    metrics: MetricsManager
+    step: int = 0
+    timers: Timers = field(default_factory=Timers)
+
+
+def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
+    """Train ``job`` on this worker and return the run summary (same on every rank)."""
+    torch.set_num_threads(job.scaling.threads_per_worker or default_threads(ctx.local_world_size))
+    strategy = build_strategy(job.strategy, ctx.device, dtype_from_name(job.precision))
+    created_group = False
+    if strategy.requires_process_group or ctx.world_size > 1:
+        created_group = join_process_group(ctx, job.run.collective_timeout_s)
+    try:
+        return _train(job, ctx, strategy)
+    finally:
+        if created_group:
+            dist.destroy_process_group()
+
+
+def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
+    timers = Timers()
+    seed_everything(job.run.seed)
+    splits = load_splits(job.data)
+    loaders = _build_loaders(job, ctx, splits)
+    steps_per_epoch = len(loaders["train"]) // job.optim.grad_accum_steps
+    if steps_per_epoch == 0:
+        raise ConfigError(
+            "data.batch_size",
+            job.data.batch_size,
+            f"larger than the training split ({len(splits.train)} samples): no step fits in an epoch",
+        )
+    total_steps = job.run.epochs * steps_per_epoch
+    if job.run.max_steps is not None:
+        total_steps = min(total_steps, job.run.max_steps)
+    state = _build_state(job, ctx, splits, strategy, total_steps)
+    state.timers = timers
+    outputs = RunOutputs(job.run_dir, enabled=ctx.is_main)
+    progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
+    progress.line(
+        f"convoy: {job.model.name} ({count_parameters(strategy.unwrap(state.model)):,} params on "
+        f"rank 0) | {job.data.name}: {len(splits.train)} train / {len(splits.val)} val / "
+        f"{len(splits.test)} test | {job.strategy.name} x {ctx.world_size} | {job.precision} | "
+        f"global batch {job.data.batch_size} | {total_steps} steps"
+    )
+    final: dict[str, float] = {}
+    for epoch in range(job.run.epochs):
+        if state.step >= total_steps:
+            break
+        loaders["train"].sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        epoch_start = time.perf_counter()
+        _train_epoch(job, state, loaders["train"], epoch, total_steps, outputs, progress)
+        values = state.metrics.compute("train")
+        last = epoch == job.run.epochs - 1 or state.step >= total_steps
+        if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
+            values |= _evaluate(state, loaders["val"], "val", ctx)
+        outputs.log({"kind": "epoch", "epoch": epoch + 1, "step": state.step, **values})
+        progress.line(format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start))
+        final |= values
+    final |= _evaluate(state, loaders["test"], "test", ctx)
+    outputs.log({"kind": "test", "step": state.step, **final})
+    summary = _summary(job, ctx, state, final, total_steps)
+    outputs.write_summary(summary)
+    return summary
+
+
+def _build_loaders(job: Job, ctx: WorkerContext, splits: Splits) -> dict[str, DataLoader]:
+    workers, accum = job.data.num_workers, job.optim.grad_accum_steps
+    if job.data.batch_size % (ctx.world_size * accum):
+        # Elastic launchers may start fewer workers than the config names.
+        raise ConfigError(
+            "data.batch_size",
+            job.data.batch_size,
+            f"must divide by world size x accumulation = {ctx.world_size} x {accum}",
+        )
+    train = train_loader(
+        splits.train,
+        job.data.batch_size,
+        job.data.batch_size // (ctx.world_size * accum),
+        ctx.world_size,
+        ctx.rank,
+        seed=job.run.seed,
+        num_workers=workers,
+        device=ctx.device,
+    )
+    evals = {
+        split: eval_loader(getattr(splits, split), job.data.eval_batch_size, ctx.world_size, ctx.rank, workers)
+        for split in ("val", "test")
+    }
+    return {"train": train, **evals}
+
+
+def _build_state(
+    job: Job, ctx: WorkerContext, splits: Splits, strategy: Strategy, total_steps: int
+) -> TrainState:
+    model = build_model(job.model.name, job.model.kwargs, splits.shape)
+    no_decay = no_decay_names(model)
+    model = strategy.wrap(model)
+    optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
+    return TrainState(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, job.optim, total_steps),
+        strategy=strategy,
+        precision=Precision(dtype_from_name(job.precision), ctx.device, strategy),
+        metrics=MetricsManager(splits.num_classes, ctx.device),
+    )
+
+
+def _train_epoch(
+    job: Job,
+    state: TrainState,
+    loader: DataLoader,
+    epoch: int,
+    total_steps: int,
+    outputs: RunOutputs,
+    progress: Progress,
+) -> None:
+    state.model.train()
+    batches = iter(loader)
+    accum = job.optim.grad_accum_steps
+    for _ in range(len(loader) // accum):
+        if state.step >= total_steps:
+            return
+        step_start = time.perf_counter()
+        micro_batches = [next(batches) for _ in range(accum)]
+        data_ready = time.perf_counter()
+        loss = _optimizer_step(job, state, micro_batches)
+        step_end = time.perf_counter()
+        state.step += 1
+        _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
+        if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
+            _log_step(state, epoch, loss, outputs, progress)
+
+
+def _optimizer_step(
+    job: Job, state: TrainState, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
+) -> torch.Tensor:
+    """Forward/backward every micro-batch, then clip and step; returns the mean loss."""
+    model, precision, device = state.model, state.precision, state.strategy.device
+    total = torch.zeros((), device=device)
+    for i, (images, labels) in enumerate(micro_batches):
+        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+        last = i == len(micro_batches) - 1
+        with nullcontext() if last else state.strategy.no_sync(model):
+            with precision.autocast():
+                logits = model(images)
+                loss = F.cross_entropy(logits.float(), labels) / len(micro_batches)
+            precision.scaler.scale(loss).backward()
+        state.metrics.update("train", logits, labels)
+        total += loss.detach()
+    if job.optim.grad_clip_norm is not None:
+        precision.scaler.unscale_(state.optimizer)
+        state.strategy.clip_grad_norm(model, job.optim.grad_clip_norm)
+    precision.scaler.step(state.optimizer)
+    precision.scaler.update()
+    state.optimizer.zero_grad(set_to_none=True)
+    state.scheduler.step()
+    return total
+
+
+def _record_step(timers: Timers, start: float, data_ready: float, end: float, batch: int) -> None:
+    if timers.first_step_end is None:
+        timers.first_step_end = time.time()
+    timers.step_seconds.append(end - start)
+    timers.data_wait_seconds += data_ready - start
+    timers.train_seconds += end - start
+    timers.samples += batch
+
+
+def _log_step(
+    state: TrainState, epoch: int, loss: torch.Tensor, outputs: RunOutputs, progress: Progress
+) -> None:
+    mean_loss = float(all_reduce_mean(loss))
+    lr = state.scheduler.get_last_lr()[0]
+    rate = state.timers.samples / max(state.timers.train_seconds, 1e-9)
+    outputs.log({"kind": "step", "step": state.step, "epoch": epoch + 1, "train/loss": mean_loss, "lr": lr})
+    progress.step(state.step, epoch, mean_loss, lr, rate)
+
+
+def _evaluate(state: TrainState, loader: DataLoader, split: str, ctx: WorkerContext) -> dict[str, float]:
+    return evaluate(state.model, loader, split, state.metrics, state.precision, ctx.device)
+
+
+def _summary(
+    job: Job, ctx: WorkerContext, state: TrainState, final: dict[str, float], total_steps: int
+) -> dict[str, Any]:
+    timers = state.timers
+    steady = timers.step_seconds[WARMUP_STEPS_EXCLUDED:] or timers.step_seconds
+    peak_memory = all_gather_objects(peak_memory_bytes(ctx.device))
+    end = time.time()
+    return {
+        "run_name": job.run.name,
+        "strategy": job.strategy.name,
+        "launcher": job.scaling.launcher,
+        "world_size": ctx.world_size,
+        "precision": job.precision,
+        "steps": state.step,
+        "planned_steps": total_steps,
+        "metrics": final,
+        "engine_start_time": timers.start,
+        "first_step_end_time": timers.first_step_end,
+        "end_time": end,
+        "wall_seconds": end - timers.start,
+        "train_seconds": timers.train_seconds,
+        "samples_per_second": timers.samples / max(timers.train_seconds, 1e-9),
+        "step_seconds_median": statistics.median(steady) if steady else None,
+        "data_wait_fraction": timers.data_wait_seconds / max(timers.train_seconds, 1e-9),
+        "peak_memory_bytes_per_rank": peak_memory,
+    }

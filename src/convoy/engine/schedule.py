@@ -1,0 +1,69 @@
+"""Optimizer and learning-rate schedule: AdamW/SGD, linear warmup, then cosine or constant."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import torch
+from torch import nn
+
+from convoy.config import OptimConfig
+
+# Wrappers insert these into parameter names; strip them to match the unwrapped model.
+_WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_orig_mod)\.")
+
+
+def canonical_name(name: str) -> str:
+    return _WRAPPER_PREFIXES.sub(r"\1", name)
+
+
+def no_decay_names(model: nn.Module) -> set[str]:
+    """Biases, norms and embeddings (parameters under 2-D) get no weight decay.
+
+    Computed on the unwrapped model: after sharding, a parameter's local shape says nothing.
+    """
+    return {canonical_name(n) for n, p in model.named_parameters() if p.ndim < 2}
+
+
+def peak_lr(cfg: OptimConfig, global_batch: int) -> float:
+    """The configured lr, linearly scaled by global batch when ``scale_lr_base_batch`` is set."""
+    if cfg.scale_lr_base_batch is None:
+        return cfg.lr
+    return cfg.lr * global_batch / cfg.scale_lr_base_batch
+
+
+def build_optimizer(
+    cfg: OptimConfig, model: nn.Module, no_decay: set[str], lr: float
+) -> torch.optim.Optimizer:
+    decay, plain = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (plain if canonical_name(name) in no_decay else decay).append(param)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": plain, "weight_decay": 0.0},
+    ]
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas)
+
+
+def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Multiplier of the peak lr at ``step`` (0-based): warmup, then cosine to min_lr_ratio."""
+    if step < cfg.warmup_steps:
+        return (step + 1) / cfg.warmup_steps
+    if cfg.schedule == "constant":
+        return 1.0
+    decay_steps = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / decay_steps)
+    cosine = 0.5 * (1.0 + math.cos(math.pi * progress))
+    return cfg.min_lr_ratio + (1.0 - cfg.min_lr_ratio) * cosine
+
+
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, cfg: OptimConfig, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: lr_factor(step, cfg, total_steps)
+    )

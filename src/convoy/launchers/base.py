@@ -1,0 +1,65 @@
+"""The ``Launcher`` interface: decide where workers run, start them, return the result.
+
+Launchers are the boundary with the outside world: they read the environment (``RAY_ADDRESS``,
+torchrun's variables) and translate it into a ``WorkerContext`` for the engine. Everything
+that can be checked before a worker starts (GPUs, cluster resources) is checked here.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+
+from convoy.config import Job
+from convoy.errors import ResourceError
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a finished run lives and its summary (see ``convoy.outputs``)."""
+
+    run_dir: Path
+    summary: dict[str, Any]
+
+
+class Launcher(ABC):
+    name: ClassVar[str]
+
+    @abstractmethod
+    def launch(self, job: Job) -> RunResult:
+        """Run ``job`` to completion on this launcher's workers."""
+
+
+def with_run_name(job: Job) -> Job:
+    """Give an unnamed run a unique name, ``<model>-<data>-<strategy>-<timestamp>``.
+
+    Resolved once in the driver, so every worker and every restart agrees on the directory.
+    """
+    if job.run.name is not None:
+        return job
+    model = re.sub(r"[^A-Za-z0-9_]+", "_", job.model.name)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    name = f"{model}-{job.data.name}-{job.strategy.name}-{stamp}"
+    return job.model_copy(update={"run": job.run.model_copy(update={"name": name})})
+
+
+def check_local_gpus(job: Job, workers_on_this_node: int) -> None:
+    """Fail before starting when GPUs are requested but this machine cannot supply them."""
+    if not job.scaling.use_gpu:
+        return
+    available = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if available < workers_on_this_node:
+        raise ResourceError(
+            f"scaling.use_gpu: got true with {workers_on_this_node} worker(s) on this machine, "
+            f"but it has {available} CUDA device(s); set scaling.use_gpu=false or use fewer workers"
+        )
+
+
+def local_device(job: Job, local_rank: int) -> torch.device:
+    return torch.device("cuda", local_rank) if job.scaling.use_gpu else torch.device("cpu")

@@ -1,0 +1,183 @@
+"""``ray``: Ray Train V2's ``TorchTrainer`` on an embedded local Ray or any Ray cluster.
+
+Without ``RAY_ADDRESS`` the launcher starts a local Ray sized to this machine (no dashboard)
+and stops it afterwards; with it, it connects to that cluster (or KubeRay head). Before
+submitting it compares the request with what the cluster can ever place, because Ray would
+otherwise wait for resources forever. Ray is imported lazily: ``import convoy`` and the
+other launchers work without it.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from convoy.config import Job, job_from_dict
+from convoy.distributed import WorkerContext
+from convoy.errors import ConvoyError, LaunchError, ResourceError
+from convoy.launchers.base import Launcher, RunResult, with_run_name
+from convoy.outputs import read_summary, write_config
+
+
+@dataclass(frozen=True)
+class RayCluster:
+    """How to reach Ray: the ``RAY_ADDRESS`` read once here, at the launcher boundary."""
+
+    address: str | None
+
+    @classmethod
+    def from_env(cls) -> RayCluster:
+        return cls(address=os.environ.get("RAY_ADDRESS") or None)
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise LaunchError(
+            "scaling.launcher: got 'ray' but Ray is not installed; "
+            "pip install 'convoy[ray]' (ray[train,tune,data]==2.60.0), or use 'local' / 'torchrun'"
+        ) from None
+    return ray
+
+
+def worker_resources(job: Job) -> dict[str, float]:
+    """What one train worker asks Ray for."""
+    scaling = job.scaling
+    resources = {"CPU": scaling.cpus_per_worker, **scaling.resources_per_worker}
+    if scaling.use_gpu:
+        resources["GPU"] = scaling.gpus_per_worker or 1.0
+    return resources
+
+
+def placeable_workers(request: dict[str, float], nodes: list[dict[str, float]]) -> int:
+    """How many workers needing ``request`` fit on these nodes' total resources."""
+    wanted = {k: v for k, v in request.items() if v > 0}
+    total = 0
+    for node in nodes:
+        total += min(int(node.get(k, 0.0) / v + 1e-9) for k, v in wanted.items()) if wanted else 0
+    return total
+
+
+def check_cluster_resources(job: Job, nodes: list[dict[str, float]]) -> None:
+    """Raise ``ResourceError`` if the workers can never all be placed."""
+    request = worker_resources(job)
+    fits = placeable_workers(request, nodes)
+    if fits < job.scaling.num_workers:
+        totals: dict[str, float] = {}
+        for node in nodes:
+            for key in request:
+                totals[key] = totals.get(key, 0.0) + node.get(key, 0.0)
+        raise ResourceError(
+            f"scaling.num_workers: got {job.scaling.num_workers} workers of {request} each, but "
+            f"this Ray cluster ({len(nodes)} node(s), {totals} in all) can place at most {fits}; "
+            f"lower scaling.num_workers or scaling.cpus_per_worker (fractions are allowed), "
+            f"or add nodes"
+        )
+
+
+def alive_node_resources(ray: Any) -> list[dict[str, float]]:
+    return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
+
+
+def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
+    """Connect to or start Ray; True if this call started it (and must shut it down)."""
+    if ray.is_initialized():
+        return False
+    if cluster.address:
+        ray.init(address=cluster.address)
+    else:
+        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False)
+    return True
+
+
+def build_trainer(job: Job) -> Any:
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.torch import TorchConfig, TorchTrainer
+
+    return TorchTrainer(
+        train_loop_per_worker=ray_worker_main,
+        train_loop_config={"job": job.model_dump(mode="json")},
+        torch_config=TorchConfig(
+            backend="nccl" if job.scaling.use_gpu else "gloo",
+            timeout_s=int(job.run.collective_timeout_s),
+        ),
+        scaling_config=ScalingConfig(
+            num_workers=job.scaling.num_workers,
+            use_gpu=job.scaling.use_gpu,
+            resources_per_worker=worker_resources(job),
+        ),
+        run_config=RunConfig(
+            name=job.run.name,
+            storage_path=str(job.run_dir.parent),
+            failure_config=FailureConfig(max_failures=job.scaling.max_failures),
+        ),
+    )
+
+
+class RayLauncher(Launcher):
+    name = "ray"
+
+    def __init__(self, cluster: RayCluster | None = None) -> None:
+        self.cluster = cluster or RayCluster.from_env()
+
+    def launch(self, job: Job) -> RunResult:
+        job = with_run_name(job)
+        ray = import_ray()
+        started = ensure_ray(ray, self.cluster)
+        try:
+            check_cluster_resources(job, alive_node_resources(ray))
+            run_dir = write_config(job)
+            _fit(build_trainer(job))
+        finally:
+            if started:
+                ray.shutdown()
+        return RunResult(run_dir, read_summary(run_dir))
+
+
+def _fit(trainer: Any) -> Any:
+    from ray.train import TrainingFailedError
+
+    try:
+        return trainer.fit()
+    except TrainingFailedError as exc:
+        failures = getattr(exc, "worker_failures", {}) or {}
+        for failure in failures.values():
+            cause = _convoy_cause(failure)
+            if cause is not None:
+                raise cause from None
+        raise LaunchError(f"Ray Train run failed: {exc}") from None
+
+
+def _convoy_cause(error: BaseException) -> ConvoyError | None:
+    """A ConvoyError raised inside a worker, unwrapped from Ray's wrappers."""
+    seen: BaseException | None = error
+    while seen is not None:
+        if isinstance(seen, ConvoyError):
+            return seen
+        seen = getattr(seen, "cause", None) or seen.__cause__
+    return None
+
+
+def ray_worker_main(config: dict[str, Any]) -> None:
+    """Runs on every Ray Train worker: build the context from Ray's, run the engine."""
+    import ray.train
+    from ray.train.torch import get_device
+
+    from convoy.engine.loop import train
+
+    job = job_from_dict(config["job"])
+    context = ray.train.get_context()
+    ctx = WorkerContext(
+        rank=context.get_world_rank(),
+        local_rank=context.get_local_rank(),
+        world_size=context.get_world_size(),
+        local_world_size=context.get_local_world_size(),
+        device=get_device() if job.scaling.use_gpu else torch.device("cpu"),
+    )
+    summary = train(job, ctx)
+    # report() is a barrier every rank calls once; rank 0's copy reaches Result.metrics.
+    ray.train.report({k: v for k, v in summary["metrics"].items()})

@@ -1,0 +1,72 @@
+"""``fsdp2``: per-parameter sharding with ``fully_shard`` on each block, then the root.
+
+Mixed precision is real: ``MixedPrecisionPolicy(param_dtype=...)`` all-gathers and computes in
+the job's precision while the sharded fp32 master weights and the optimizer stay in fp32;
+``reduce_dtype`` sets the gradient reduce-scatter dtype. ``cpu_offload`` keeps sharded
+parameters, gradients and optimizer state in CPU memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+from torch.distributed.fsdp import (
+    CPUOffloadPolicy,
+    FSDPModule,
+    MixedPrecisionPolicy,
+    OffloadPolicy,
+    fully_shard,
+)
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.distributed.tensor import DTensor
+
+from convoy.strategies.base import Strategy, dtype_from_name, transformer_blocks
+
+
+class FSDP2Strategy(Strategy):
+    name = "fsdp2"
+    requires_process_group = True
+
+    @property
+    def handles_precision(self) -> bool:
+        return self.compute_dtype != torch.float32
+
+    def mixed_precision_policy(self) -> MixedPrecisionPolicy:
+        param_dtype = self.compute_dtype if self.handles_precision else None
+        return MixedPrecisionPolicy(
+            param_dtype=param_dtype, reduce_dtype=dtype_from_name(self.cfg.reduce_dtype)
+        )
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        offload = CPUOffloadPolicy() if self.cfg.cpu_offload else OffloadPolicy()
+        options = {
+            "mp_policy": self.mixed_precision_policy(),
+            "offload_policy": offload,
+            "reshard_after_forward": self.cfg.reshard_after_forward,
+        }
+        if not self.cfg.cpu_offload:
+            model = model.to(self.device)
+        for block in transformer_blocks(model):
+            fully_shard(block, **options)  # type: ignore[arg-type]
+        fully_shard(model, **options)  # type: ignore[arg-type]
+        return model
+
+    @contextlib.contextmanager
+    def no_sync(self, model: nn.Module) -> Iterator[None]:
+        assert isinstance(model, FSDPModule)
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+
+    def clip_grad_norm(self, model: nn.Module, max_norm: float) -> torch.Tensor:
+        # clip_grad_norm_ reduces over DTensor shards; the result is a DTensor to materialize.
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+        return norm.full_tensor() if isinstance(norm, DTensor) else norm
+
+    def grad_scaler(self, enabled: bool) -> torch.amp.GradScaler:
+        return ShardedGradScaler(self.device.type, enabled=enabled)
