@@ -10,6 +10,7 @@ run once the whole job is known, before any worker starts.
 from __future__ import annotations
 
 import difflib
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -169,7 +170,7 @@ class Job(Section):
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
-    strategy: StrategyConfig = Field(default_factory=SingleStrategyConfig)
+    strategy: StrategyConfig = Field(default_factory=DDPStrategyConfig)
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     run: RunConfig = Field(default_factory=RunConfig)
@@ -226,12 +227,18 @@ def check_job(job: Job) -> None:
 # Loading: YAML + dotted overrides -> Job, with errors that name the field.
 
 
+_NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into a key path and a YAML-parsed value."""
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError("-o", text, "overrides look like key.path=value, e.g. optim.lr=3e-4")
-    return key.strip().split("."), yaml.safe_load(raw) if raw.strip() else ""
+    value = yaml.safe_load(raw) if raw.strip() else ""
+    if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
+        value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
+    return key.strip().split("."), value
 
 
 def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
@@ -286,14 +293,16 @@ def job_to_yaml(job: Job) -> str:
 def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     """Turn pydantic's first error into one readable paragraph."""
     err = exc.errors(include_url=False)[0]
-    loc = [str(p) for p in err["loc"] if not _is_union_tag(p, err)]
+    raw_loc = [str(p) for p in err["loc"]]
+    # pydantic puts the strategy's discriminator tag into the path: strategy.ddp.comm_hook.
+    loc = [p for i, p in enumerate(raw_loc) if not (i and raw_loc[i - 1] == "strategy" and p in STRATEGY_NAMES)]
     field = ".".join(loc) or "config"
     value = err.get("input")
     kind = err["type"]
     if kind == "extra_forbidden":
         parent_model = _section_model(loc[:-1], data)
         known = sorted(parent_model.model_fields) if parent_model else []
-        guess = difflib.get_close_matches(loc[-1], known, n=1)
+        guess = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
         hint = f" (did you mean {guess[0]!r}?)" if guess else ""
         return ConfigError(field, value, f"unknown key{hint}; {one_of(known)}")
     if kind == "union_tag_invalid":
@@ -301,11 +310,6 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     if kind == "missing":
         return ConfigError(field, None, "this field is required")
     return ConfigError(field, value, err["msg"][0].lower() + err["msg"][1:])
-
-
-def _is_union_tag(part: Any, err: Any) -> bool:
-    # pydantic puts the discriminator tag (e.g. 'ddp') into the location path.
-    return isinstance(part, str) and part in STRATEGY_NAMES and err["type"] != "literal_error"
 
 
 def _section_model(loc: list[str], data: dict[str, Any]) -> type[BaseModel] | None:

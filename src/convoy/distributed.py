@@ -10,8 +10,9 @@ import datetime
 import os
 import resource
 import socket
+import sys
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -88,6 +89,19 @@ def peak_memory_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def exit_without_teardown(code: int = 0) -> NoReturn:
+    """Flush and exit a worker process now, skipping interpreter teardown.
+
+    After the process group is destroyed, torch's CPU worker threads can still race the
+    interpreter's shutdown and abort ("terminate called without an active exception"), turning
+    a finished worker into a failed one. Seen intermittently on CPU/gloo; the work and its
+    outputs are complete by the time this is called.
+    """
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
 
 def default_threads(local_world_size: int) -> int:

@@ -90,7 +90,13 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     if cluster.address:
         ray.init(address=cluster.address)
     else:
-        ray.init(num_cpus=os.cpu_count(), include_dashboard=False, configure_logging=False)
+        ray.init(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            # Without the dashboard, Ray Train's placement-group cleaner warns every second that
+            # the state API is unavailable; keep Ray's own logs at ERROR in embedded mode.
+            logging_config=ray.LoggingConfig(log_level="ERROR"),
+        )
     return True
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from convoy.config import Job, load_job
-from convoy.distributed import WorkerContext, free_port
+from convoy.distributed import WorkerContext, exit_without_teardown, free_port
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, with_run_name
 from convoy.outputs import CONFIG_FILE, read_summary, write_config
@@ -96,6 +96,7 @@ def worker_main(argv: list[str]) -> None:
 
     job = load_job(argv[0])
     train(job, worker_context_from_env(job))
+    exit_without_teardown()
 
 
 if __name__ == "__main__":

@@ -32,8 +32,6 @@ class DDPStrategy(Strategy):
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             find_unused_parameters=self.cfg.find_unused_parameters,
             bucket_cap_mb=self.cfg.bucket_cap_mb,
-            # Buffers are identical on every rank (same seed, no running stats to diverge).
-            broadcast_buffers=False,
         )
         if self.cfg.comm_hook != "none":
             ddp.register_comm_hook(None, COMM_HOOKS[self.cfg.comm_hook])

@@ -54,7 +54,8 @@ class FSDPStrategy(Strategy):
             sharding_strategy=SHARDING[self.cfg.sharding],
             mixed_precision=mixed,
             cpu_offload=CPUOffload(offload_params=self.cfg.cpu_offload),
-            device_id=self.device if self.device.type == "cuda" else None,
+            # An explicit CPU device_id is what lets FSDP1 run on CPU with gloo.
+            device_id=self.device,
             use_orig_params=True,
         )
 

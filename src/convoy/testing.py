@@ -1,0 +1,54 @@
+"""Run a function on a real gloo process group of N CPU processes (for tests and debugging).
+
+In the style of Accelerate's ``debug_launcher``: ``run_on_gloo(fn, 2, *args)`` spawns two
+processes, gives each a ``WorkerContext`` that joins a loopback TCP rendezvous, calls
+``fn(ctx, *args)`` and returns every rank's return value in rank order. ``fn`` must be
+importable (defined at module level).
+"""
+
+from __future__ import annotations
+
+import pickle
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch.multiprocessing as mp
+
+from convoy.distributed import WorkerContext, exit_without_teardown, free_port
+
+
+def run_on_gloo(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
+    """Call ``fn(ctx, *args)`` on ``world_size`` spawned CPU ranks; results in rank order."""
+    with tempfile.TemporaryDirectory(prefix="convoy-gloo-") as tmp:
+        # A TCP store hosted by rank 0; file stores were seen to abort at exit under load.
+        init_method = f"tcp://127.0.0.1:{free_port()}"
+        mp.start_processes(
+            _entry,
+            args=(fn, world_size, init_method, tmp, args),
+            nprocs=world_size,
+            start_method="spawn",
+            join=True,
+        )
+        return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
+
+
+def _entry(
+    rank: int,
+    fn: Callable[..., Any],
+    world_size: int,
+    init_method: str,
+    tmp: str,
+    args: tuple[Any, ...],
+) -> None:
+    ctx = WorkerContext(
+        rank=rank,
+        local_rank=rank,
+        world_size=world_size,
+        local_world_size=world_size,
+        init_method=init_method,
+    )
+    result = fn(ctx, *args)
+    (Path(tmp) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
+    exit_without_teardown()

@@ -1,0 +1,85 @@
+"""Shared fixtures: global-state hygiene, one Ray per test session, small data on disk."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import tarfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray 2.60 enables token auth by default; tests run an embedded Ray without it.
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+
+REPO = Path(__file__).resolve().parents[1]
+RECIPES = REPO / "recipes"
+
+
+@pytest.fixture(autouse=True)
+def _restore_global_state():
+    """Every test starts without a process group and with torch's default threads/seed."""
+    threads = torch.get_num_threads()
+    yield
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """One embedded Ray for the whole session; train workers take fractional CPUs."""
+    ray = pytest.importorskip("ray")
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, logging_config=ray.LoggingConfig(log_level="ERROR"))
+    yield ray
+    ray.shutdown()
+
+
+def write_cifar_batches(folder: Path, per_batch: int = 20, seed: int = 0) -> Path:
+    """A tiny CIFAR-10 in the python-pickle format (real layout, random pixels)."""
+    rng = np.random.default_rng(seed)
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]
+    for name in names:
+        batch = {
+            b"data": rng.integers(0, 256, (per_batch, 3072), dtype=np.uint8),
+            b"labels": rng.integers(0, 10, per_batch).tolist(),
+            b"batch_label": name.encode(),
+        }
+        (folder / name).write_bytes(pickle.dumps(batch))
+    return folder
+
+
+@pytest.fixture
+def cifar_dir(tmp_path: Path) -> Path:
+    return write_cifar_batches(tmp_path / "cifar-10-batches-py")
+
+
+@pytest.fixture
+def cifar_tarball(tmp_path: Path) -> Path:
+    folder = write_cifar_batches(tmp_path / "src" / "cifar-10-batches-py")
+    archive = tmp_path / "cifar-10-python.tar.gz"
+    with tarfile.open(archive, "w:gz") as tar:
+        tar.add(folder, arcname="cifar-10-batches-py")
+    return archive
+
+
+@pytest.fixture
+def imagefolder(tmp_path: Path) -> Path:
+    """train/val/<class>/*.png with two classes told apart by brightness."""
+    from PIL import Image
+
+    root = tmp_path / "images"
+    for split, count in (("train", 6), ("val", 3)):
+        for label, level in (("dark", 30), ("light", 220)):
+            folder = root / split / label
+            folder.mkdir(parents=True)
+            for i in range(count):
+                pixels = np.full((12, 10, 3), level + i, dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i}.png")
+    return root

@@ -1,0 +1,113 @@
+"""Config loading, overrides and every bad-input error (raised before any worker starts)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from convoy.config import Job, apply_overrides, job_to_yaml, load_job
+from convoy.errors import ConfigError
+
+RECIPES = sorted((Path(__file__).resolve().parents[2] / "recipes").glob("*.yaml"))
+
+
+def test_defaults_validate() -> None:
+    job = load_job()
+    assert job.strategy.name == "ddp"
+    assert job.scaling.num_workers == 2
+
+
+@pytest.mark.parametrize("recipe", RECIPES, ids=lambda p: p.name)
+def test_every_shipped_recipe_parses(recipe: Path, cifar_tarball: Path) -> None:
+    overrides = []
+    if "cifar10" in recipe.read_text():
+        overrides.append(f"data.path={cifar_tarball}")
+    job = load_job(recipe, overrides)
+    assert isinstance(job, Job)
+    # A resolved config round-trips through YAML unchanged.
+    assert load_job_from_text(job_to_yaml(job), recipe.parent / "roundtrip.yaml") == job
+
+
+def load_job_from_text(text: str, path: Path) -> Job:
+    import yaml
+
+    from convoy.config import job_from_dict
+
+    return job_from_dict(yaml.safe_load(text))
+
+
+def test_overrides_parse_yaml_values_and_nest() -> None:
+    data = apply_overrides({"optim": {"lr": 1.0}}, ["optim.lr=3e-4", "strategy.name=fsdp2", "run.epochs=4"])
+    assert data == {"optim": {"lr": 3e-4}, "strategy": {"name": "fsdp2"}, "run": {"epochs": 4}}
+
+
+def test_override_changes_strategy_and_workers() -> None:
+    job = load_job(RECIPES[0].parent / "default.yaml", ["strategy.name=fsdp2", "scaling.num_workers=2", "optim.lr=3e-4"])
+    assert job.strategy.name == "fsdp2"
+    assert job.optim.lr == 3e-4
+
+
+def test_progress_off_survives_yaml_boolean() -> None:
+    assert load_job(None, ["run.progress=off"]).run.progress == "off"
+
+
+def test_config_is_frozen() -> None:
+    job = load_job()
+    with pytest.raises(ValueError):
+        job.optim.lr = 1.0  # type: ignore[misc]
+
+
+BAD_INPUTS = [
+    (["strategy.name=zero3"], "strategy.name", "'ddp', 'fsdp', 'fsdp2', 'single'"),
+    (["model.name=resnet"], "model.name", "'mlp', 'vit_course', 'vit_tiny'"),
+    (["data.name=mnist"], "data.name", "'cifar10', 'digits', 'imagefolder', 'synthetic'"),
+    (["optim.wieght_decay=0.1"], "optim.wieght_decay", "did you mean 'weight_decay'"),
+    (["optimizer.lr=0.1"], "optimizer", "did you mean 'optim'"),
+    (["optim.lr=fast"], "optim.lr", "valid number"),
+    (["run.epochs=many"], "run.epochs", "valid integer"),
+    (["data.batch_size=0"], "data.batch_size", "greater than 0"),
+    (["optim.lr=-1"], "optim.lr", "greater than 0"),
+    (["scaling.num_workers=-2"], "scaling.num_workers", "greater than 0"),
+    (["data.batch_size=30", "scaling.num_workers=4", "strategy.name=ddp"], "data.batch_size", "4 x 1 = 4"),
+    (["data.batch_size=64", "optim.grad_accum_steps=3", "strategy.name=ddp", "scaling.num_workers=2"], "data.batch_size", "2 x 3 = 6"),
+    (["precision=fp16"], "precision", "needs a GPU"),
+    (["data.name=cifar10", "data.path=/nonexistent/cifar"], "data.path", "does not exist"),
+    (["data.name=cifar10"], "data.path", "never downloads"),
+    (["data.name=imagefolder", "data.path=/nonexistent"], "data.path", "no train/ folder"),
+    (["strategy.name=single", "scaling.num_workers=2"], "strategy.name", "scaling.num_workers is 2"),
+    (["scaling.launcher=local", "strategy.name=ddp", "scaling.num_workers=2"], "scaling.num_workers", "one in-process worker"),
+    (["scaling.launcher=slurm"], "scaling.launcher", "'local', 'torchrun' or 'ray'"),
+    (["strategy.name=ddp", "strategy.comm_hook=int4"], "strategy.comm_hook", "'none', 'fp16' or 'bf16'"),
+    (["strategy.name=ddp", "strategy.reshard_after_forward=false"], "strategy.reshard_after_forward", "'comm_hook'"),
+    (["model.kwargs.width=5"], "model.kwargs.width", "takes"),
+    (["model.name=no_such_pkg.mod:factory"], "model.name", "could not import"),
+]
+
+
+@pytest.mark.parametrize(("overrides", "field", "allowed"), BAD_INPUTS, ids=lambda v: str(v))
+def test_bad_input_names_field_value_and_allowed(overrides: list[str], field: str, allowed: str) -> None:
+    base = ["strategy.name=single", "scaling.num_workers=1"]
+    with pytest.raises(ConfigError) as info:
+        load_job(None, base + overrides)
+    message = str(info.value)
+    assert message.startswith(field + ":"), message
+    assert allowed in message, message
+    assert "\n" not in message  # one paragraph
+
+
+def test_missing_recipe_file() -> None:
+    with pytest.raises(ConfigError, match="recipe: got 'nope.yaml'"):
+        load_job("nope.yaml")
+
+
+def test_recipe_must_be_a_mapping(tmp_path: Path) -> None:
+    recipe = tmp_path / "list.yaml"
+    recipe.write_text("- a\n- b\n")
+    with pytest.raises(ConfigError, match="mapping of sections"):
+        load_job(recipe)
+
+
+def test_malformed_override() -> None:
+    with pytest.raises(ConfigError, match="key.path=value"):
+        load_job(None, ["optim.lr"])
