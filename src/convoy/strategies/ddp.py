@@ -7,18 +7,43 @@ are cast down, averaged, and cast back into the fp32 gradients.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
+import torch
+import torch.distributed as dist
 from torch import nn
-from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.nn.parallel import DistributedDataParallel
 
 from convoy.strategies.base import Strategy
 
-COMM_HOOKS = {
-    "fp16": default_hooks.fp16_compress_hook,
-    "bf16": default_hooks.bf16_compress_hook,
-}
+def compress_hook(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torch.Tensor]]:
+    """Allreduce gradients cast to ``dtype`` (pre-divided by world size), then cast back.
+
+    torch's own ``bf16_compress_hook`` refuses anything but NCCL; this one runs on gloo too.
+    """
+
+    # No annotations on purpose: DDP compares them with the real classes, and this module's
+    # postponed (string) annotations would fail that check.
+    def hook(process_group, bucket):  # type: ignore[no-untyped-def]
+        group = process_group if process_group is not None else dist.group.WORLD
+        buffer = bucket.buffer()
+        compressed = buffer.to(dtype).div_(dist.get_world_size(group))
+        future = dist.all_reduce(compressed, group=group, async_op=True).get_future()
+
+        def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
+            return buffer.copy_(fut.value()[0])
+
+        return future.then(decompress)  # type: ignore[arg-type,return-value]
+
+    hook.__name__ = f"{dtype_name(dtype)}_gloo_compatible_compress_hook"
+    return hook
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+COMM_HOOKS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 class DDPStrategy(Strategy):
@@ -34,7 +59,7 @@ class DDPStrategy(Strategy):
             bucket_cap_mb=self.cfg.bucket_cap_mb,
         )
         if self.cfg.comm_hook != "none":
-            ddp.register_comm_hook(None, COMM_HOOKS[self.cfg.comm_hook])
+            ddp.register_comm_hook(None, compress_hook(COMM_HOOKS[self.cfg.comm_hook]))
         return ddp
 
     @contextlib.contextmanager

@@ -41,7 +41,9 @@ class FSDP2Strategy(Strategy):
         )
 
     def wrap(self, model: nn.Module) -> nn.Module:
-        offload = CPUOffloadPolicy() if self.cfg.cpu_offload else OffloadPolicy()
+        # Pinned host memory needs an accelerator; on a CPU-only run plain memory is right.
+        pin = self.device.type == "cuda"
+        offload = CPUOffloadPolicy(pin_memory=pin) if self.cfg.cpu_offload else OffloadPolicy()
         options = {
             "mp_policy": self.mixed_precision_policy(),
             "offload_policy": offload,
