@@ -1,0 +1,105 @@
+"""The command line: help worth reading, config show, and errors without a traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from convoy.cli import build_parser, main
+
+pytestmark = pytest.mark.e2e
+DEFAULT = str(Path(__file__).resolve().parents[2] / "recipes" / "default.yaml")
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "convoy", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+def test_command_set_is_pinned() -> None:
+    """The CLI surface grows only on purpose."""
+    subparsers = next(a for a in build_parser()._actions if a.dest == "command")
+    assert sorted(subparsers.choices) == ["config", "list", "train"]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("args", [[], ["train"], ["config"], ["config", "show"], ["list"]])
+def test_every_command_has_help(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        main([*args, "--help"])
+    assert exit_info.value.code == 0
+    text = capsys.readouterr().out
+    assert text.startswith("usage: convoy")
+    assert len(text.splitlines()) > 4
+
+
+def test_train_help_shows_overrides_and_examples(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        main(["train", "--help"])
+    text = capsys.readouterr().out
+    assert "-o KEY=VALUE" in text and "optim.lr=3e-4" in text and "examples:" in text
+
+
+def test_config_show_applies_overrides(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["config", "show", DEFAULT, "-o", "optim.lr=3e-4", "-o", "strategy.name=fsdp2"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "lr: 0.0003" in out
+    assert "name: fsdp2" in out and "reshard_after_forward: true" in out
+
+
+def test_list_names_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    for name in ("vit_course", "digits", "fsdp2", "torchrun"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    ("override", "expected"),
+    [
+        ("strategy.name=zero3", "strategy.name: got 'zero3'; allowed:"),
+        ("data.batch_size=33", "data.batch_size: got 33; the global batch must be divisible"),
+        ("precision=fp16", "precision: got 'fp16'; fp16 with a grad scaler needs a GPU"),
+    ],
+)
+def test_bad_input_is_one_paragraph_without_traceback(override: str, expected: str) -> None:
+    result = run_cli("train", DEFAULT, "-o", override)
+    assert result.returncode == 2
+    assert result.stderr.startswith("convoy: error: " + expected)
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stdout == ""  # nothing started
+
+
+def test_convoy_imports_and_trains_without_ray(tmp_path: Path) -> None:
+    """Ray is optional: block it and run the local launcher end to end."""
+    script = (
+        "import sys; sys.modules['ray'] = None\n"
+        "import convoy\n"
+        "job = convoy.load_job(None, ['model.name=mlp', 'strategy.name=single', "
+        "'scaling.launcher=local', 'scaling.num_workers=1', 'run.epochs=1', "
+        f"'run.progress=off', 'run.storage_dir={tmp_path}'])\n"
+        "result = convoy.train(job)\n"
+        "assert 'ray' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
+        "print(result.summary['metrics']['test/samples'])\n"
+    )
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1] == "359"
+
+
+def test_ray_launcher_without_ray_says_how_to_install(tmp_path: Path) -> None:
+    script = (
+        "import sys; sys.modules['ray'] = None\n"
+        "from convoy.cli import main\n"
+        f"raise SystemExit(main(['train', '-o', 'model.name=mlp', '-o', 'run.storage_dir={tmp_path}']))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert "Ray is not installed" in result.stderr and "'local' / 'torchrun'" in result.stderr

@@ -1,0 +1,154 @@
+"""Model registry and built-in models: sizes, shapes, attention kernel, user factories."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from torch import nn
+
+import convoy.models.vit as vit_module
+from convoy.errors import ConfigError
+from convoy.models import MODELS, build_model, count_parameters
+from convoy.models.registry import check_model
+
+DIGITS_SHAPE = {"num_classes": 10, "in_channels": 1, "image_size": 8}
+CIFAR_SHAPE = {"num_classes": 10, "in_channels": 3, "image_size": 32}
+
+
+@pytest.fixture(scope="module")
+def course_vit() -> nn.Module:
+    return build_model("vit_course", {}, CIFAR_SHAPE)  # ~1.5 s to initialise: build once
+
+
+def test_course_vit_has_about_14_3m_parameters(course_vit: nn.Module) -> None:
+    assert 14.1e6 < count_parameters(course_vit) < 14.4e6
+    assert isinstance(course_vit.blocks, nn.ModuleList)
+    assert len(course_vit.blocks) == 12
+
+
+@torch.no_grad()
+def test_course_vit_forward_shape(course_vit: nn.Module) -> None:
+    assert course_vit(torch.randn(2, 3, 32, 32)).shape == (2, 10)
+
+
+@pytest.mark.parametrize(
+    ("name", "shape"),
+    [
+        ("vit_tiny", DIGITS_SHAPE),
+        ("mlp", DIGITS_SHAPE),
+        ("vit_tiny", {"num_classes": 7, "in_channels": 3, "image_size": 16}),
+        ("mlp", {"num_classes": 3, "in_channels": 3, "image_size": 12}),
+    ],
+)
+@torch.no_grad()
+def test_forward_shape(name: str, shape: dict[str, int]) -> None:
+    model = build_model(name, {}, shape)
+    size = shape["image_size"]
+    logits = model(torch.randn(5, shape["in_channels"], size, size))
+    assert logits.shape == (5, shape["num_classes"])
+    assert torch.isfinite(logits).all()
+
+
+@pytest.mark.parametrize("name", sorted(set(MODELS) - {"vit_course"}))
+def test_models_expose_blocks_as_module_list(name: str) -> None:
+    model = build_model(name, {}, DIGITS_SHAPE)
+    assert isinstance(model.blocks, nn.ModuleList)
+    assert len(model.blocks) > 0
+
+
+def test_attention_uses_scaled_dot_product_attention(monkeypatch: pytest.MonkeyPatch) -> None:
+    real = vit_module.F.scaled_dot_product_attention
+    calls: list[tuple[int, ...]] = []
+
+    def counting(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
+        calls.append(tuple(q.shape))
+        return real(q, *args, **kwargs)
+
+    monkeypatch.setattr(vit_module.F, "scaled_dot_product_attention", counting)
+    model = build_model("vit_tiny", {"depth": 3}, DIGITS_SHAPE)
+    model(torch.randn(2, 1, 8, 8))
+    # batch, heads, tokens (16 patches + cls), head_dim (64 / 4)
+    assert calls == [(2, 4, 17, 16)] * 3
+
+
+@pytest.fixture
+def user_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A user package ``convoy_user_pkg.factories`` importable from ``tmp_path``."""
+    package = tmp_path / "convoy_user_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "factories.py").write_text(
+        textwrap.dedent(
+            """
+            from torch import nn
+
+            def narrow(hidden: int = 4, num_classes: int = 10) -> nn.Module:
+                model = nn.Sequential(nn.Flatten(), nn.Linear(64, hidden), nn.Linear(hidden, num_classes))
+                model.seen = {"hidden": hidden, "num_classes": num_classes}
+                return model
+
+            def anything(**kwargs) -> nn.Module:
+                model = nn.Identity()
+                model.seen = kwargs
+                return model
+
+            NOT_CALLABLE = 3
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "convoy_user_pkg.factories"
+    for name in [m for m in sys.modules if m.startswith("convoy_user_pkg")]:
+        del sys.modules[name]
+
+
+def test_user_factory_gets_only_the_data_kwargs_it_accepts(user_package: str) -> None:
+    model = build_model(f"{user_package}:narrow", {"hidden": 6}, DIGITS_SHAPE)
+    assert model.seen == {"hidden": 6, "num_classes": 10}
+    assert model(torch.randn(3, 1, 8, 8)).shape == (3, 10)
+
+
+def test_user_factory_with_var_kwargs_gets_every_data_kwarg(user_package: str) -> None:
+    model = build_model(f"{user_package}:anything", {"image_size": 4}, DIGITS_SHAPE)
+    assert model.seen == {**DIGITS_SHAPE, "image_size": 4}  # the recipe's kwargs win
+
+
+@pytest.mark.parametrize(
+    ("name", "kwargs", "field"),
+    [
+        ("vit_tiny", {"widht": 3}, "model.kwargs.widht"),
+        ("mlp", {"heads": 2}, "model.kwargs.heads"),
+        ("{pkg}:narrow", {"depth": 2}, "model.kwargs.depth"),
+    ],
+)
+def test_bad_kwargs_name_the_key(
+    user_package: str, name: str, kwargs: dict[str, Any], field: str
+) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_model(name.format(pkg=user_package), kwargs)
+    assert err.value.field == field
+    assert field in str(err.value)
+
+
+def test_build_with_rejected_kwargs_is_a_config_error() -> None:
+    with pytest.raises(ConfigError) as err:
+        build_model("vit_tiny", {"hidden": 30, "heads": 4}, DIGITS_SHAPE)  # 30 % 4 != 0
+    assert err.value.field.startswith("model.kwargs")
+
+
+@pytest.mark.parametrize("suffix", [":missing", ":NOT_CALLABLE", "_nope:narrow"])
+def test_bad_factory_path_is_a_config_error(user_package: str, suffix: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        check_model(user_package + suffix, {})
+    assert err.value.field == "model.name"
+
+
+def test_unknown_model_name_lists_the_registry() -> None:
+    with pytest.raises(ConfigError, match="vit_course"):
+        check_model("resnet50", {})
