@@ -35,7 +35,9 @@ def ray_session():
     """One embedded Ray for the whole session; train workers take fractional CPUs."""
     ray = pytest.importorskip("ray")
     if not ray.is_initialized():
-        ray.init(num_cpus=2, include_dashboard=False, logging_config=ray.LoggingConfig(log_level="ERROR"))
+        ray.init(
+            num_cpus=2, include_dashboard=False, logging_config=ray.LoggingConfig(log_level="ERROR")
+        )
     yield ray
     ray.shutdown()
 

@@ -125,6 +125,11 @@ class TorchrunConfig(Section):
     """host:port of the rendezvous; a free local port when unset."""
     rdzv_id: str | None = None
 
+    @field_validator("nnodes", mode="before")
+    @classmethod
+    def _count_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
 
 class ScalingConfig(Section):
     launcher: Literal["local", "torchrun", "ray"] = "ray"
@@ -235,7 +240,10 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     key, sep, raw = text.partition("=")
     if not sep or not key.strip():
         raise ConfigError("-o", text, "overrides look like key.path=value, e.g. optim.lr=3e-4")
-    value = yaml.safe_load(raw) if raw.strip() else ""
+    raw = raw.strip()
+    if ":" in raw and not raw.startswith(("{", "[")):
+        return key.strip().split("."), raw  # YAML 1.1 would read 1:2 as the base-60 number 62
+    value = yaml.safe_load(raw) if raw else ""
     if isinstance(value, str) and _NUMBER.fullmatch(value.strip()):
         value = float(value)  # YAML 1.1 reads 3e-4 (no dot) as a string
     return key.strip().split("."), value
@@ -295,7 +303,11 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     err = exc.errors(include_url=False)[0]
     raw_loc = [str(p) for p in err["loc"]]
     # pydantic puts the strategy's discriminator tag into the path: strategy.ddp.comm_hook.
-    loc = [p for i, p in enumerate(raw_loc) if not (i and raw_loc[i - 1] == "strategy" and p in STRATEGY_NAMES)]
+    loc = [
+        p
+        for i, p in enumerate(raw_loc)
+        if not (i and raw_loc[i - 1] == "strategy" and p in STRATEGY_NAMES)
+    ]
     field = ".".join(loc) or "config"
     value = err.get("input")
     kind = err["type"]

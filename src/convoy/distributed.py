@@ -11,7 +11,7 @@ import os
 import resource
 import socket
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
 import torch
@@ -26,7 +26,7 @@ class WorkerContext:
     local_rank: int = 0
     world_size: int = 1
     local_world_size: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     init_method: str | None = None
     """How to create the process group if the launcher has not (``env://``, ``tcp://``)."""
 

@@ -18,6 +18,8 @@ class MeanLoss(Metric):
     """Mean per-sample cross-entropy, accumulated as a float64 sum and a count."""
 
     full_state_update = False
+    total: torch.Tensor
+    count: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
@@ -37,6 +39,7 @@ class SampleCount(Metric):
     """How many samples were counted over all ranks (proves each was counted once)."""
 
     full_state_update = False
+    count: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()

@@ -31,7 +31,7 @@ def write_config(job: Job) -> Path:
 
 
 def read_summary(run_dir: Path) -> dict[str, Any]:
-    return json.loads((run_dir / SUMMARY_FILE).read_text())  # type: ignore[no-any-return]
+    return json.loads((run_dir / SUMMARY_FILE).read_text())
 
 
 def read_metrics(run_dir: Path) -> list[dict[str, Any]]:

@@ -19,7 +19,9 @@ from convoy.testing import run_on_gloo
 pytestmark = pytest.mark.distributed
 
 
-def evaluate_test_split(ctx: WorkerContext, strategy_name: str, batch_size: int) -> dict[str, float]:
+def evaluate_test_split(
+    ctx: WorkerContext, strategy_name: str, batch_size: int
+) -> dict[str, float]:
     """Fixed (seeded, untrained) weights, evaluated on digits' test split (359 samples)."""
     from convoy.config import load_job
 
@@ -28,12 +30,16 @@ def evaluate_test_split(ctx: WorkerContext, strategy_name: str, batch_size: int)
     torch.manual_seed(123)
     splits = load_splits(DataConfig(name="digits"))
     model = build_model("vit_tiny", {"depth": 2, "hidden": 32, "mlp": 64}, splits.shape)
-    strategy_cfg = load_job(None, [f"strategy.name={strategy_name}", "scaling.num_workers=1"]).strategy
+    strategy_cfg = load_job(
+        None, [f"strategy.name={strategy_name}", "scaling.num_workers=1"]
+    ).strategy
     strategy = build_strategy(strategy_cfg, ctx.device, torch.float32)
     model = strategy.wrap(model)
     loader = eval_loader(splits.test, batch_size, ctx.world_size, ctx.rank)
     metrics = MetricsManager(splits.num_classes, ctx.device)
-    return evaluate(model, loader, "test", metrics, Precision(torch.float32, ctx.device, strategy), ctx.device)
+    return evaluate(
+        model, loader, "test", metrics, Precision(torch.float32, ctx.device, strategy), ctx.device
+    )
 
 
 @pytest.fixture(scope="module")

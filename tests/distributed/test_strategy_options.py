@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_strategy_parity import STEPS, parity_job, step_losses, train_on_rank
 from torch import nn
 
 from convoy.config import load_job
@@ -15,7 +16,6 @@ from convoy.engine.loop import train
 from convoy.models.registry import build_model
 from convoy.strategies import build_strategy
 from convoy.testing import run_on_gloo
-from test_strategy_parity import STEPS, parity_job, step_losses, train_on_rank
 
 pytestmark = pytest.mark.distributed
 
@@ -31,13 +31,19 @@ OPTIONS = [
 ]
 
 
-def dtypes_seen_in_forward(ctx: WorkerContext, strategy_name: str, precision: str) -> dict[str, str]:
+def dtypes_seen_in_forward(
+    ctx: WorkerContext, strategy_name: str, precision: str
+) -> dict[str, str]:
     """Wrap the tiny ViT and report the dtype a block's Linear computes with vs stores."""
     join_process_group(ctx, timeout_s=60)
     torch.manual_seed(0)
-    model = build_model("vit_tiny", {"depth": 2, "hidden": 32, "mlp": 64}, load_digits(load_job().data).shape)
+    model = build_model(
+        "vit_tiny", {"depth": 2, "hidden": 32, "mlp": 64}, load_digits(load_job().data).shape
+    )
     job = load_job(None, [f"strategy.name={strategy_name}", f"precision={precision}"])
-    strategy = build_strategy(job.strategy, ctx.device, getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[precision]))
+    strategy = build_strategy(
+        job.strategy, ctx.device, getattr(torch, {"bf16": "bfloat16", "fp32": "float32"}[precision])
+    )
     wrapped = strategy.wrap(model)
     seen: dict[str, str] = {}
     linear: nn.Linear = strategy.unwrap(wrapped).blocks[0].mlp[0]  # type: ignore[index,assignment]

@@ -74,7 +74,9 @@ def test_updates_change_the_losses(reference: tuple[list[float], dict], tmp_path
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
-def test_losses_match_single(strategy: str, reference: tuple[list[float], dict], tmp_path: Path) -> None:
+def test_losses_match_single(
+    strategy: str, reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
     expected, single_summary = reference
     job = parity_job(tmp_path, strategy, 2)
     summaries = run_on_gloo(train_on_rank, 2, job)
@@ -84,10 +86,14 @@ def test_losses_match_single(strategy: str, reference: tuple[list[float], dict],
     # Both ranks return the same (all-rank) metrics, equal to the single-process ones.
     assert summaries[0]["metrics"] == summaries[1]["metrics"]
     for key in ("val/acc", "test/acc", "test/loss"):
-        assert summaries[0]["metrics"][key] == pytest.approx(single_summary["metrics"][key], rel=1e-4)
+        assert summaries[0]["metrics"][key] == pytest.approx(
+            single_summary["metrics"][key], rel=1e-4
+        )
 
 
-def test_accumulation_matches_one_big_batch(reference: tuple[list[float], dict], tmp_path: Path) -> None:
+def test_accumulation_matches_one_big_batch(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
     """ddp with 2 accumulation micro-steps (no_sync on the first) == single on the full batch."""
     expected, _ = reference
     job = parity_job(tmp_path, "ddp", 2, ["optim.grad_accum_steps=2"])

@@ -89,7 +89,9 @@ def test_convoy_imports_and_trains_without_ray(tmp_path: Path) -> None:
         "print(result.summary['metrics']['test/samples'])\n"
     )
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1] == "359"
 
@@ -100,6 +102,8 @@ def test_ray_launcher_without_ray_says_how_to_install(tmp_path: Path) -> None:
         "from convoy.cli import main\n"
         f"raise SystemExit(main(['train', '-o', 'model.name=mlp', '-o', 'run.storage_dir={tmp_path}']))\n"
     )
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
+    )
     assert result.returncode == 2
     assert "Ray is not installed" in result.stderr and "'local' / 'torchrun'" in result.stderr

@@ -46,11 +46,15 @@ def test_torchrun_two_workers(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-def test_ray_two_workers(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+def test_ray_two_workers(tmp_path: Path, ray_session, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    # A relative storage_dir, as in make run: Ray's workers run in another working directory.
+    monkeypatch.chdir(tmp_path)
     job = recipe_job(
-        tmp_path, "scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5"
+        Path("runs"), "scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5"
     )
-    assert_trained(convoy.train(job), 2)
+    result = convoy.train(job)
+    assert result.run_dir.parent == tmp_path / "runs"
+    assert_trained(result, 2)
 
 
 @pytest.mark.ray

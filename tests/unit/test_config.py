@@ -38,12 +38,17 @@ def load_job_from_text(text: str, path: Path) -> Job:
 
 
 def test_overrides_parse_yaml_values_and_nest() -> None:
-    data = apply_overrides({"optim": {"lr": 1.0}}, ["optim.lr=3e-4", "strategy.name=fsdp2", "run.epochs=4"])
+    data = apply_overrides(
+        {"optim": {"lr": 1.0}}, ["optim.lr=3e-4", "strategy.name=fsdp2", "run.epochs=4"]
+    )
     assert data == {"optim": {"lr": 3e-4}, "strategy": {"name": "fsdp2"}, "run": {"epochs": 4}}
 
 
 def test_override_changes_strategy_and_workers() -> None:
-    job = load_job(RECIPES[0].parent / "default.yaml", ["strategy.name=fsdp2", "scaling.num_workers=2", "optim.lr=3e-4"])
+    job = load_job(
+        RECIPES[0].parent / "default.yaml",
+        ["strategy.name=fsdp2", "scaling.num_workers=2", "optim.lr=3e-4"],
+    )
     assert job.strategy.name == "fsdp2"
     assert job.optim.lr == 3e-4
 
@@ -69,24 +74,55 @@ BAD_INPUTS = [
     (["data.batch_size=0"], "data.batch_size", "greater than 0"),
     (["optim.lr=-1"], "optim.lr", "greater than 0"),
     (["scaling.num_workers=-2"], "scaling.num_workers", "greater than 0"),
-    (["data.batch_size=30", "scaling.num_workers=4", "strategy.name=ddp"], "data.batch_size", "4 x 1 = 4"),
-    (["data.batch_size=64", "optim.grad_accum_steps=3", "strategy.name=ddp", "scaling.num_workers=2"], "data.batch_size", "2 x 3 = 6"),
+    (
+        ["data.batch_size=30", "scaling.num_workers=4", "strategy.name=ddp"],
+        "data.batch_size",
+        "4 x 1 = 4",
+    ),
+    (
+        [
+            "data.batch_size=64",
+            "optim.grad_accum_steps=3",
+            "strategy.name=ddp",
+            "scaling.num_workers=2",
+        ],
+        "data.batch_size",
+        "2 x 3 = 6",
+    ),
     (["precision=fp16"], "precision", "needs a GPU"),
     (["data.name=cifar10", "data.path=/nonexistent/cifar"], "data.path", "does not exist"),
     (["data.name=cifar10"], "data.path", "never downloads"),
     (["data.name=imagefolder", "data.path=/nonexistent"], "data.path", "no train/ folder"),
-    (["strategy.name=single", "scaling.num_workers=2"], "strategy.name", "scaling.num_workers is 2"),
-    (["scaling.launcher=local", "strategy.name=ddp", "scaling.num_workers=2"], "scaling.num_workers", "one in-process worker"),
+    (
+        ["strategy.name=single", "scaling.num_workers=2"],
+        "strategy.name",
+        "scaling.num_workers is 2",
+    ),
+    (
+        ["scaling.launcher=local", "strategy.name=ddp", "scaling.num_workers=2"],
+        "scaling.num_workers",
+        "one in-process worker",
+    ),
     (["scaling.launcher=slurm"], "scaling.launcher", "'local', 'torchrun' or 'ray'"),
-    (["strategy.name=ddp", "strategy.comm_hook=int4"], "strategy.comm_hook", "'none', 'fp16' or 'bf16'"),
-    (["strategy.name=ddp", "strategy.reshard_after_forward=false"], "strategy.reshard_after_forward", "'comm_hook'"),
+    (
+        ["strategy.name=ddp", "strategy.comm_hook=int4"],
+        "strategy.comm_hook",
+        "'none', 'fp16' or 'bf16'",
+    ),
+    (
+        ["strategy.name=ddp", "strategy.reshard_after_forward=false"],
+        "strategy.reshard_after_forward",
+        "'comm_hook'",
+    ),
     (["model.kwargs.width=5"], "model.kwargs.width", "takes"),
     (["model.name=no_such_pkg.mod:factory"], "model.name", "could not import"),
 ]
 
 
 @pytest.mark.parametrize(("overrides", "field", "allowed"), BAD_INPUTS, ids=lambda v: str(v))
-def test_bad_input_names_field_value_and_allowed(overrides: list[str], field: str, allowed: str) -> None:
+def test_bad_input_names_field_value_and_allowed(
+    overrides: list[str], field: str, allowed: str
+) -> None:
     base = ["strategy.name=single", "scaling.num_workers=1"]
     with pytest.raises(ConfigError) as info:
         load_job(None, base + overrides)
@@ -97,7 +133,7 @@ def test_bad_input_names_field_value_and_allowed(overrides: list[str], field: st
 
 
 def test_missing_recipe_file() -> None:
-    with pytest.raises(ConfigError, match="recipe: got 'nope.yaml'"):
+    with pytest.raises(ConfigError, match=r"recipe: got 'nope\.yaml'"):
         load_job("nope.yaml")
 
 
@@ -109,5 +145,5 @@ def test_recipe_must_be_a_mapping(tmp_path: Path) -> None:
 
 
 def test_malformed_override() -> None:
-    with pytest.raises(ConfigError, match="key.path=value"):
+    with pytest.raises(ConfigError, match=r"key\.path=value"):
         load_job(None, ["optim.lr"])

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.utils.data import Dataset
@@ -48,13 +49,21 @@ def random_crop(image: torch.Tensor, padding: int) -> torch.Tensor:
     return padded[..., top : top + size_h, left : left + size_w]
 
 
+class SizedDataset(Protocol):
+    """A map-style dataset with a length (what every Convoy source returns)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 @dataclass(frozen=True)
 class Splits:
     """Train / val / test datasets plus what a model needs to know about a sample."""
 
-    train: Dataset
-    val: Dataset
-    test: Dataset
+    train: SizedDataset
+    val: SizedDataset
+    test: SizedDataset
     num_classes: int
     in_channels: int
     image_size: int

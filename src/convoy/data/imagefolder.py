@@ -15,6 +15,7 @@ from torch.utils.data import Dataset
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits
+from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm"}
@@ -50,7 +51,9 @@ def list_files(split_dir: Path, classes: list[str]) -> list[tuple[Path, int]]:
     for label, name in enumerate(classes):
         folder = split_dir / name
         if folder.is_dir():
-            files += [(p, label) for p in sorted(folder.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES]
+            files += [
+                (p, label) for p in sorted(folder.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES
+            ]
     return files
 
 
@@ -72,8 +75,10 @@ def load_imagefolder(cfg: DataConfig) -> Splits:
         raise DataError(f"data.path: {root / 'train'} has no class folders")
     size = cfg.image_size or 32
     train = list_files(root / "train", classes)
-    if cfg.train_size is not None:
-        train = train[: cfg.train_size]
+    if cfg.train_size is not None:  # a seeded random subset: the first files are one class
+        gen = torch.Generator().manual_seed(DATA_SEED)
+        keep = torch.randperm(len(train), generator=gen)[: cfg.train_size]
+        train = [train[i] for i in sorted(keep.tolist())]
     val = list_files(root / "val", classes)
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
     test = list_files(test_dir, classes)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import torch
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
+from convoy.data.base import SizedDataset
 from convoy.data.samplers import GlobalBatchSampler, ShardedEvalSampler
 
 
 def train_loader(
-    dataset: Dataset,
+    dataset: SizedDataset,
     global_batch: int,
     micro_batch: int,
     world_size: int,
@@ -19,9 +20,9 @@ def train_loader(
     device: torch.device | None = None,
 ) -> DataLoader:
     """Micro-batches of this rank's share of every global batch; call ``sampler.set_epoch``."""
-    sampler = GlobalBatchSampler(dataset, global_batch, world_size, rank, seed=seed)  # type: ignore[arg-type]
+    sampler = GlobalBatchSampler(dataset, global_batch, world_size, rank, seed=seed)
     return DataLoader(
-        dataset,
+        dataset,  # type: ignore[arg-type]
         batch_size=micro_batch,
         sampler=sampler,
         num_workers=num_workers,
@@ -31,8 +32,13 @@ def train_loader(
 
 
 def eval_loader(
-    dataset: Dataset, batch_size: int, world_size: int, rank: int, num_workers: int = 0
+    dataset: SizedDataset, batch_size: int, world_size: int, rank: int, num_workers: int = 0
 ) -> DataLoader:
     """Every sample once across ranks (plus masked padding); ``loader.sampler.num_real``."""
-    sampler = ShardedEvalSampler(dataset, world_size, rank)  # type: ignore[arg-type]
-    return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers)
+    sampler = ShardedEvalSampler(dataset, world_size, rank)
+    return DataLoader(
+        dataset,  # type: ignore[arg-type]
+        batch_size=batch_size,
+        sampler=sampler,
+        num_workers=num_workers,
+    )

@@ -52,7 +52,9 @@ class GlobalBatchSampler(DistributedSampler):
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
         if self.shuffle:
-            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + self.epoch))
+            order = torch.randperm(
+                n, generator=torch.Generator().manual_seed(self.seed + self.epoch)
+            )
         else:
             order = torch.arange(n)
         batches = order[: self.total_size].view(self.steps_per_epoch, self.global_batch)

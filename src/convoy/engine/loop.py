@@ -134,7 +134,9 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
             values |= _evaluate(state, loaders["val"], "val", ctx)
         outputs.log({"kind": "epoch", "epoch": epoch + 1, "step": state.step, **values})
-        progress.line(format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start))
+        progress.line(
+            format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start)
+        )
         final |= values
     final |= _evaluate(state, loaders["test"], "test", ctx)
     outputs.log({"kind": "test", "step": state.step, **final})
@@ -163,7 +165,9 @@ def _build_loaders(job: Job, ctx: WorkerContext, splits: Splits) -> dict[str, Da
         device=ctx.device,
     )
     evals = {
-        split: eval_loader(getattr(splits, split), job.data.eval_batch_size, ctx.world_size, ctx.rank, workers)
+        split: eval_loader(
+            getattr(splits, split), job.data.eval_batch_size, ctx.world_size, ctx.rank, workers
+        )
         for split in ("val", "test")
     }
     return {"train": train, **evals}
@@ -253,11 +257,15 @@ def _log_step(
     mean_loss = float(all_reduce_mean(loss))
     lr = state.scheduler.get_last_lr()[0]
     rate = state.timers.samples / max(state.timers.train_seconds, 1e-9)
-    outputs.log({"kind": "step", "step": state.step, "epoch": epoch + 1, "train/loss": mean_loss, "lr": lr})
-    progress.step(state.step, epoch, mean_loss, lr, rate)
+    outputs.log(
+        {"kind": "step", "step": state.step, "epoch": epoch + 1, "train/loss": mean_loss, "lr": lr}
+    )
+    progress.step(state.step, epoch, mean_loss, float(lr), rate)
 
 
-def _evaluate(state: TrainState, loader: DataLoader, split: str, ctx: WorkerContext) -> dict[str, float]:
+def _evaluate(
+    state: TrainState, loader: DataLoader, split: str, ctx: WorkerContext
+) -> dict[str, float]:
     return evaluate(state.model, loader, split, state.metrics, state.precision, ctx.device)
 
 

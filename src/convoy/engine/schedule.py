@@ -36,7 +36,8 @@ def peak_lr(cfg: OptimConfig, global_batch: int) -> float:
 def build_optimizer(
     cfg: OptimConfig, model: nn.Module, no_decay: set[str], lr: float
 ) -> torch.optim.Optimizer:
-    decay, plain = [], []
+    decay: list[nn.Parameter] = []
+    plain: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (plain if canonical_name(name) in no_decay else decay).append(param)

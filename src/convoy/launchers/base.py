@@ -36,17 +36,19 @@ class Launcher(ABC):
         """Run ``job`` to completion on this launcher's workers."""
 
 
-def with_run_name(job: Job) -> Job:
-    """Give an unnamed run a unique name, ``<model>-<data>-<strategy>-<timestamp>``.
+def resolve_run(job: Job) -> Job:
+    """Fix the run's directory in the driver: an absolute storage path and a unique name.
 
-    Resolved once in the driver, so every worker and every restart agrees on the directory.
+    Unnamed runs get ``<model>-<data>-<strategy>-<timestamp>``. Resolved once here so every
+    worker (whatever its working directory: Ray's workers run elsewhere) and every restart
+    agree on the directory.
     """
-    if job.run.name is not None:
-        return job
-    model = re.sub(r"[^A-Za-z0-9_]+", "_", job.model.name)
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{model}-{job.data.name}-{job.strategy.name}-{stamp}"
-    return job.model_copy(update={"run": job.run.model_copy(update={"name": name})})
+    updates: dict[str, str] = {"storage_dir": str(job.run_dir.parent)}
+    if job.run.name is None:
+        model = re.sub(r"[^A-Za-z0-9_]+", "_", job.model.name)
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        updates["name"] = f"{model}-{job.data.name}-{job.strategy.name}-{stamp}"
+    return job.model_copy(update={"run": job.run.model_copy(update=updates)})
 
 
 def check_local_gpus(job: Job, workers_on_this_node: int) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from convoy.config import Job
 from convoy.distributed import WorkerContext, free_port
 from convoy.engine.loop import train
-from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, with_run_name
+from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, resolve_run
 from convoy.outputs import write_config
 
 
@@ -17,7 +17,7 @@ class LocalLauncher(Launcher):
     name = "local"
 
     def launch(self, job: Job) -> RunResult:
-        job = with_run_name(job)
+        job = resolve_run(job)
         check_local_gpus(job, workers_on_this_node=1)
         run_dir = write_config(job)
         ctx = WorkerContext(

@@ -18,7 +18,7 @@ import torch
 from convoy.config import Job, job_from_dict
 from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError, LaunchError, ResourceError
-from convoy.launchers.base import Launcher, RunResult, with_run_name
+from convoy.launchers.base import Launcher, RunResult, resolve_run
 from convoy.outputs import read_summary, write_config
 
 
@@ -131,7 +131,7 @@ class RayLauncher(Launcher):
         self.cluster = cluster or RayCluster.from_env()
 
     def launch(self, job: Job) -> RunResult:
-        job = with_run_name(job)
+        job = resolve_run(job)
         ray = import_ray()
         started = ensure_ray(ray, self.cluster)
         try:

@@ -17,7 +17,7 @@ from pathlib import Path
 from convoy.config import Job, load_job
 from convoy.distributed import WorkerContext, exit_without_teardown, free_port
 from convoy.errors import ConfigError, LaunchError
-from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, with_run_name
+from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, resolve_run
 from convoy.outputs import CONFIG_FILE, read_summary, write_config
 
 
@@ -29,7 +29,9 @@ def nodes_range(nnodes: str) -> tuple[int, int]:
     except ValueError:
         bounds = (0, 0)
     if not 0 < bounds[0] <= bounds[1]:
-        raise ConfigError("scaling.torchrun.nnodes", nnodes, "expected N or MIN:MAX with 0 < MIN <= MAX")
+        raise ConfigError(
+            "scaling.torchrun.nnodes", nnodes, "expected N or MIN:MAX with 0 < MIN <= MAX"
+        )
     return bounds
 
 
@@ -68,13 +70,15 @@ class TorchrunLauncher(Launcher):
     name = "torchrun"
 
     def launch(self, job: Job) -> RunResult:
-        job = with_run_name(job)
+        job = resolve_run(job)
         check_local_gpus(job, workers_on_this_node=procs_per_node(job))
         run_dir = write_config(job)
         command = torchrun_command(job, run_dir / CONFIG_FILE)
         returncode = subprocess.call(command)
         if returncode != 0:
-            raise LaunchError(f"torchrun exited with code {returncode}; the workers' output is above")
+            raise LaunchError(
+                f"torchrun exited with code {returncode}; the workers' output is above"
+            )
         return RunResult(run_dir, read_summary(run_dir))
 
 

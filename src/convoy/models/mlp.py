@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 from torch import nn
 
@@ -27,7 +29,7 @@ class MLP(nn.Module):
     ) -> None:
         super().__init__()
         widths = [in_channels * image_size * image_size] + [hidden] * depth
-        self.blocks = nn.ModuleList(MLPBlock(a, b) for a, b in zip(widths, widths[1:], strict=False))
+        self.blocks = nn.ModuleList(MLPBlock(a, b) for a, b in itertools.pairwise(widths))
         self.head = nn.Linear(widths[-1], num_classes)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:

@@ -44,7 +44,7 @@ def resolve_factory(name: str) -> ModelFactory:
         raise ConfigError("model.name", name, f"could not import the factory: {exc}") from None
     if not callable(factory):
         raise ConfigError("model.name", name, "the import path must name a callable")
-    return factory  # type: ignore[no-any-return]
+    return factory
 
 
 def check_model(name: str, kwargs: dict[str, Any]) -> None:

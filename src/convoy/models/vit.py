@@ -56,7 +56,9 @@ class ViT(nn.Module):
     ) -> None:
         super().__init__()
         if image_size % patch_size:
-            raise ValueError(f"image_size ({image_size}) must be divisible by patch_size ({patch_size})")
+            raise ValueError(
+                f"image_size ({image_size}) must be divisible by patch_size ({patch_size})"
+            )
         num_patches = (image_size // patch_size) ** 2
         self.patch_embed = nn.Conv2d(in_channels, hidden, kernel_size=patch_size, stride=patch_size)
         self.cls_token = nn.Parameter(torch.zeros(1, 1, hidden))

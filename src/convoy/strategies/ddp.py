@@ -16,6 +16,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from convoy.strategies.base import Strategy
 
+
 def compress_hook(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torch.Tensor]]:
     """Allreduce gradients cast to ``dtype`` (pre-divided by world size), then cast back.
 
@@ -24,7 +25,7 @@ def compress_hook(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torc
 
     # No annotations on purpose: DDP compares them with the real classes, and this module's
     # postponed (string) annotations would fail that check.
-    def hook(process_group, bucket):  # type: ignore[no-untyped-def]
+    def hook(process_group, bucket):
         group = process_group if process_group is not None else dist.group.WORLD
         buffer = bucket.buffer()
         compressed = buffer.to(dtype).div_(dist.get_world_size(group))
@@ -33,7 +34,7 @@ def compress_hook(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torc
         def decompress(fut: torch.futures.Future[list[torch.Tensor]]) -> torch.Tensor:
             return buffer.copy_(fut.value()[0])
 
-        return future.then(decompress)  # type: ignore[arg-type,return-value]
+        return future.then(decompress)
 
     hook.__name__ = f"{dtype_name(dtype)}_gloo_compatible_compress_hook"
     return hook

@@ -52,8 +52,8 @@ class FSDP2Strategy(Strategy):
         if not self.cfg.cpu_offload:
             model = model.to(self.device)
         for block in transformer_blocks(model):
-            fully_shard(block, **options)  # type: ignore[arg-type]
-        fully_shard(model, **options)  # type: ignore[arg-type]
+            fully_shard(block, **options)
+        fully_shard(model, **options)
         return model
 
     @contextlib.contextmanager

@@ -1,0 +1,171 @@
+"""Launcher overhead: the same job under torchrun and Ray Train, measured side by side.
+
+Question: what does running through Ray Train cost compared with vanilla torchrun, at start-up
+and in steady state? Each repetition runs, in an interleaved order:
+
+- ``torchrun``: ``python -m torch.distributed.run`` spawning 2 gloo workers;
+- ``ray (cold)``: the embedded local Ray that ``make run`` uses, started and stopped by the
+  launcher inside the measurement;
+- ``ray (warm)``: a Ray that is already running (a cluster reached through ``RAY_ADDRESS``, or
+  a second job on the same embedded Ray): only Ray Train's own start-up is measured.
+
+Time to first step = from the launch call to the end of the first optimizer step on rank 0;
+steady-state step = median step time after 3 warm-up steps; total = launch call to return.
+
+    python benchmarks/launcher_overhead.py [--repeats 3] [--epochs 5] [--out benchmarks/]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import convoy
+from convoy.config import load_job
+
+REPO = Path(__file__).resolve().parents[1]
+MODES = ("torchrun", "ray (cold)", "ray (warm)")
+
+
+def job_for(mode: str, storage: Path, epochs: int, index: int) -> convoy.Job:
+    launcher = "torchrun" if mode == "torchrun" else "ray"
+    return load_job(
+        REPO / "recipes" / "default.yaml",
+        [
+            f"scaling.launcher={launcher}",
+            f"run.epochs={epochs}",
+            "run.progress=off",
+            f"run.storage_dir={storage}",
+            f"run.name={mode.replace(' ', '').replace('(', '-').replace(')', '')}-{index}",
+        ],
+    )
+
+
+def measure(mode: str, storage: Path, epochs: int, index: int) -> dict[str, float]:
+    import ray
+
+    job = job_for(mode, storage, epochs, index)
+    init_seconds = 0.0
+    if mode == "ray (warm)":
+        start = time.time()
+        ray.init(
+            num_cpus=os.cpu_count(),
+            include_dashboard=False,
+            logging_config=ray.LoggingConfig(log_level="ERROR"),
+        )
+        init_seconds = time.time() - start
+    try:
+        start = time.time()
+        result = convoy.train(job)
+        end = time.time()
+    finally:
+        if mode == "ray (warm)":
+            ray.shutdown()
+    summary = result.summary
+    return {
+        "first_step": summary["first_step_end_time"] - start,
+        "step_ms": 1000 * summary["step_seconds_median"],
+        "train_s": summary["train_seconds"],
+        "total": end - start,
+        "ray_init": init_seconds,
+        "test_acc": summary["metrics"]["test/acc"],
+    }
+
+
+def ray_init_seconds(dashboard: bool) -> float:
+    """One embedded ``ray.init`` + ``ray.shutdown``, with or without the dashboard."""
+    import ray
+
+    start = time.time()
+    ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=dashboard,
+        logging_config=ray.LoggingConfig(log_level="ERROR"),
+    )
+    elapsed = time.time() - start
+    ray.shutdown()
+    return elapsed
+
+
+def median_of(runs: list[dict[str, float]], key: str) -> float:
+    return statistics.median(r[key] for r in runs)
+
+
+def render(results: dict[str, list[dict[str, float]]], init: dict[str, float], args: Any) -> str:
+    base = results["torchrun"]
+    rows = []
+    for mode in MODES:
+        runs = results[mode]
+        cells = [
+            f"{median_of(runs, 'first_step'):.2f}",
+            f"{median_of(runs, 'step_ms'):.2f}",
+            f"{median_of(runs, 'total'):.2f}",
+            f"{median_of(runs, 'first_step') / median_of(base, 'first_step'):.2f}",
+            f"{median_of(runs, 'step_ms') / median_of(base, 'step_ms'):.3f}",
+            f"{median_of(runs, 'total') / median_of(base, 'total'):.2f}",
+            f"{median_of(runs, 'test_acc') * 100:.2f}%",
+        ]
+        rows.append(f"| {mode} | " + " | ".join(cells) + " |")
+    header = (
+        "| launcher | first step (s) | steady step (ms) | total (s) | first step / torchrun "
+        "| step / torchrun | total / torchrun | test acc |\n|---|---|---|---|---|---|---|---|"
+    )
+    return "\n".join([header, *rows])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=REPO / "benchmarks")
+    args = parser.parse_args()
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+
+    results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    with tempfile.TemporaryDirectory(prefix="convoy-bench-") as tmp:
+        for index in range(args.repeats):
+            order = MODES if index % 2 == 0 else tuple(reversed(MODES))
+            for mode in order:
+                results[mode].append(measure(mode, Path(tmp), args.epochs, index))
+                print(f"[{index}] {mode}: {results[mode][-1]}", file=sys.stderr)
+    init = {
+        "dashboard off": statistics.median(ray_init_seconds(False) for _ in range(args.repeats)),
+        "dashboard on": statistics.median(ray_init_seconds(True) for _ in range(args.repeats)),
+    }
+    table = render(results, init, args)
+    warm_init = median_of(results["ray (warm)"], "ray_init")
+    cpu = platform.processor() or platform.machine()
+    text = f"""# Launcher overhead: torchrun vs Ray Train (CPU), {date.today().isoformat()}
+
+Produced by `python benchmarks/launcher_overhead.py --repeats {args.repeats} --epochs {args.epochs}`.
+
+- Machine: {os.cpu_count()} CPU cores ({cpu}), no GPU; Python {platform.python_version()},
+  torch {torch.__version__}, Ray {__import__("ray").__version__}.
+- Job: `recipes/default.yaml` (ViT, hidden 96, 4 blocks, on digits), `ddp` over 2 gloo
+  workers, global batch 32, {args.epochs} epochs; the same config for every launcher, only
+  `scaling.launcher` differs. Medians of {args.repeats} interleaved repetitions.
+
+{table}
+
+Ray's own start-up, measured apart (median `ray.init` + `ray.shutdown` of an embedded Ray):
+dashboard off {init["dashboard off"]:.2f} s, dashboard on {init["dashboard on"]:.2f} s;
+in the warm runs `ray.init` took {warm_init:.2f} s before the launch clock started.
+"""
+    out = args.out / f"launcher_overhead_cpu_{date.today().isoformat()}.md"
+    out.write_text(text)
+    print(table)
+    print(f"\nwritten to {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""Launcher helpers that need no workers: run naming, torchrun's command, Ray placement."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from convoy.config import load_job
+from convoy.errors import ConfigError, ResourceError
+from convoy.launchers.base import resolve_run
+from convoy.launchers.ray import check_cluster_resources, placeable_workers, worker_resources
+from convoy.launchers.torchrun import nodes_range, torchrun_command
+
+
+def test_resolve_run_makes_storage_absolute_and_names_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    job = resolve_run(load_job(None, ["run.storage_dir=relative/runs"]))
+    assert job.run.storage_dir == str(tmp_path / "relative" / "runs")
+    assert job.run.name is not None and job.run.name.startswith("vit_tiny-digits-ddp-")
+    # An explicit name is kept, so running it again reuses the directory.
+    named = resolve_run(load_job(None, ["run.name=exp1"]))
+    assert named.run.name == "exp1"
+
+
+def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
+    job = load_job(
+        None,
+        [
+            "scaling.launcher=torchrun",
+            "scaling.num_workers=4",
+            "scaling.max_failures=3",
+            "scaling.torchrun.nnodes=1:2",
+            "scaling.torchrun.rdzv_endpoint=head:29400",
+            "run.name=exp",
+        ],
+    )
+    command = torchrun_command(job, tmp_path / "config.yaml")
+    assert command[1:3] == ["-m", "torch.distributed.run"]
+    for flag in (
+        "--nnodes=1:2",
+        "--nproc-per-node=2",
+        "--max-restarts=3",
+        "--rdzv-backend=c10d",
+        "--rdzv-endpoint=head:29400",
+        "--rdzv-id=exp",
+    ):
+        assert flag in command
+    assert command[-3:] == ["-m", "convoy.launchers.torchrun", str(tmp_path / "config.yaml")]
+
+
+@pytest.mark.parametrize("bad", ["0", "3:2", "x", "1:y"])
+def test_bad_node_range(bad: str) -> None:
+    with pytest.raises(ConfigError, match="scaling.torchrun.nnodes"):
+        nodes_range(bad)
+
+
+def test_worker_count_must_spread_over_nodes() -> None:
+    job = load_job(
+        None, ["scaling.num_workers=3", "scaling.torchrun.nnodes=2", "data.batch_size=63"]
+    )
+    with pytest.raises(ConfigError, match="multiple of the node count 2"):
+        torchrun_command(job, Path("c.yaml"))
+
+
+def test_placeable_workers_packs_per_node() -> None:
+    nodes = [{"CPU": 2.0, "GPU": 1.0}, {"CPU": 3.0}]
+    assert placeable_workers({"CPU": 1.0}, nodes) == 5
+    assert placeable_workers({"CPU": 0.5}, nodes) == 10
+    assert placeable_workers({"CPU": 1.0, "GPU": 1.0}, nodes) == 1
+    assert placeable_workers({"CPU": 2.5}, nodes) == 1  # no worker spans two nodes
+
+
+def test_resource_error_names_the_request() -> None:
+    job = load_job(None, ["scaling.num_workers=4", "scaling.use_gpu=true"])
+    assert worker_resources(job) == {"CPU": 1.0, "GPU": 1.0}
+    with pytest.raises(ResourceError, match=r"got 4 workers .* can place at most 0"):
+        check_cluster_resources(job, [{"CPU": 16.0}])
