@@ -61,7 +61,9 @@ def _split_metrics(num_classes: int) -> MetricCollection:
     }
     if num_classes > 5:
         metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
-    return MetricCollection(metrics)  # type: ignore[arg-type]
+    # compute_groups would merge metrics whose states match after the first batch (top-5 and
+    # f1 can), and the merge may differ per rank: keep every metric's own state.
+    return MetricCollection(metrics, compute_groups=False)  # type: ignore[arg-type]
 
 
 class MetricsManager:

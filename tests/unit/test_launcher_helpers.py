@@ -53,7 +53,7 @@ def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["0", "3:2", "x", "1:y"])
 def test_bad_node_range(bad: str) -> None:
-    with pytest.raises(ConfigError, match="scaling.torchrun.nnodes"):
+    with pytest.raises(ConfigError, match=r"scaling\.torchrun\.nnodes"):
         nodes_range(bad)
 
 
@@ -61,7 +61,7 @@ def test_worker_count_must_spread_over_nodes() -> None:
     job = load_job(
         None, ["scaling.num_workers=3", "scaling.torchrun.nnodes=2", "data.batch_size=63"]
     )
-    with pytest.raises(ConfigError, match="multiple of the node count 2"):
+    with pytest.raises(ConfigError, match=r"multiple of the node count 2"):
         torchrun_command(job, Path("c.yaml"))
 
 

@@ -28,13 +28,9 @@ def fixed_logits() -> torch.Tensor:
     [
         (8,),
         (7, 8),  # the first batch has a top-5-only hit (sample 6)
-        # The first batch has no top-5-only hit, so top5's state equals f1's and torchmetrics'
-        # compute groups (on by default in MetricCollection) merge them: top5 then reports
-        # top-1 accuracy (0.75). convoy/metrics.py needs MetricCollection(compute_groups=False).
-        pytest.param(
-            (5, 8),
-            marks=pytest.mark.xfail(strict=True, raises=AssertionError, reason="compute groups"),
-        ),
+        # No top-5-only hit in the first batch: top5's state then equals f1's, and torchmetrics'
+        # compute groups (disabled in convoy/metrics.py) would merge them into top-1 accuracy.
+        (5, 8),
     ],
 )
 def test_metrics_match_a_hand_computation(cuts: tuple[int, ...]) -> None:

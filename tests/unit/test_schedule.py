@@ -20,11 +20,6 @@ from convoy.engine.schedule import (
 from convoy.models import build_model
 
 DIGITS_SHAPE = {"num_classes": 10, "in_channels": 1, "image_size": 8}
-# canonical_name's regex consumes the dot it needs before a second prefix, so only one of two
-# directly adjacent wrapper prefixes is stripped (e.g. torch.compile over DDP).
-ADJACENT = pytest.mark.xfail(
-    strict=True, raises=AssertionError, reason="adjacent wrapper prefixes are not all stripped"
-)
 
 
 def test_warmup_is_linear_up_to_one() -> None:
@@ -77,11 +72,10 @@ def test_peak_lr_scales_linearly_with_global_batch() -> None:
         ("blocks.0._fsdp_wrapped_module.attn.qkv.weight", "blocks.0.attn.qkv.weight"),
         ("module.blocks.1._fsdp_wrapped_module.norm2.bias", "blocks.1.norm2.bias"),
         ("submodule.bias", "submodule.bias"),  # only whole path components are stripped
-        pytest.param("_orig_mod.module.head.bias", "head.bias", marks=ADJACENT),
-        pytest.param(
+        ("_orig_mod.module.head.bias", "head.bias"),
+        (
             "module._fsdp_wrapped_module.blocks.1._fsdp_wrapped_module.norm2.bias",
             "blocks.1.norm2.bias",
-            marks=ADJACENT,
         ),
     ],
 )
@@ -112,7 +106,7 @@ def wrap(model: nn.Module, outer: tuple[str, ...]) -> nn.Module:
         None,
         ("module",),
         ("_fsdp_wrapped_module",),
-        pytest.param(("_fsdp_wrapped_module", "module"), marks=ADJACENT),
+        ("_fsdp_wrapped_module", "module"),
     ],
 )
 @pytest.mark.parametrize("optim", ["adamw", "sgd"])

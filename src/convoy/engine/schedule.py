@@ -11,7 +11,7 @@ from torch import nn
 from convoy.config import OptimConfig
 
 # Wrappers insert these into parameter names; strip them to match the unwrapped model.
-_WRAPPER_PREFIXES = re.compile(r"(^|\.)(module|_fsdp_wrapped_module|_orig_mod)\.")
+_WRAPPER_PREFIXES = re.compile(r"(^|\.)(?:(?:module|_fsdp_wrapped_module|_orig_mod)\.)+")
 
 
 def canonical_name(name: str) -> str:
