@@ -34,6 +34,10 @@ def _restore_global_state():
 def ray_session():
     """One embedded Ray for the whole session; train workers take fractional CPUs."""
     ray = pytest.importorskip("ray")
+    from convoy.launchers.ray import EMBEDDED_RAY_ENV
+
+    for key, value in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(key, value)
     if not ray.is_initialized():
         ray.init(
             num_cpus=2, include_dashboard=False, logging_config=ray.LoggingConfig(log_level="ERROR")

@@ -83,6 +83,12 @@ def alive_node_resources(ray: Any) -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
+# Ray Train's controller polls its workers every 2 s by default, so a finished run waits up to
+# that long (measured: ~4 s per fit) before fit() returns. Polling every 0.2 s costs nothing
+# measurable. Set for the embedded Ray only: its processes inherit this environment.
+EMBEDDED_RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
+
+
 def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     """Connect to or start Ray; True if this call started it (and must shut it down)."""
     if ray.is_initialized():
@@ -90,6 +96,8 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     if cluster.address:
         ray.init(address=cluster.address)
     else:
+        for key, value in EMBEDDED_RAY_ENV.items():
+            os.environ.setdefault(key, value)
         ray.init(
             num_cpus=os.cpu_count(),
             include_dashboard=False,

@@ -37,8 +37,3 @@ class MLP(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(x)
-
-
-def mlp(**kwargs: int) -> MLP:
-    """An MLP with ``depth`` hidden layers of width ``hidden``."""
-    return MLP(**kwargs)

@@ -16,7 +16,7 @@ from typing import Any
 from torch import nn
 
 from convoy.errors import ConfigError, one_of
-from convoy.models.mlp import mlp
+from convoy.models.mlp import MLP
 from convoy.models.vit import vit_course, vit_tiny
 
 ModelFactory = Callable[..., nn.Module]
@@ -24,7 +24,7 @@ ModelFactory = Callable[..., nn.Module]
 MODELS: dict[str, ModelFactory] = {
     "vit_course": vit_course,
     "vit_tiny": vit_tiny,
-    "mlp": mlp,
+    "mlp": MLP,
 }
 DATA_SHAPED_KWARGS = ("num_classes", "in_channels", "image_size")
 
@@ -47,31 +47,26 @@ def resolve_factory(name: str) -> ModelFactory:
     return factory
 
 
+def _accepts(factory: ModelFactory) -> tuple[set[str], bool]:
+    """The keyword names a factory takes, and whether it takes any (``**kwargs``)."""
+    params = inspect.signature(factory).parameters
+    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return set(params), takes_any
+
+
 def check_model(name: str, kwargs: dict[str, Any]) -> None:
     """Fail early if the factory does not exist or does not accept ``kwargs``."""
-    params = inspect.signature(resolve_factory(name)).parameters
-    if name in MODELS:  # built-in factories forward **kwargs to a class: check the class
-        params = inspect.signature(_model_class(name)).parameters
-    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
-        return
+    names, takes_any = _accepts(resolve_factory(name))
     for key in kwargs:
-        if key not in params:
-            raise ConfigError(f"model.kwargs.{key}", kwargs[key], f"{name} takes {one_of(params)}")
-
-
-def _model_class(name: str) -> Callable[..., nn.Module]:
-    from convoy.models.mlp import MLP
-    from convoy.models.vit import ViT
-
-    return MLP if name == "mlp" else ViT
+        if not takes_any and key not in names:
+            raise ConfigError(f"model.kwargs.{key}", kwargs[key], f"{name} takes {one_of(names)}")
 
 
 def build_model(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -> nn.Module:
     """Build a model, filling data-shaped arguments the factory accepts from the dataset."""
     factory = resolve_factory(name)
-    params = inspect.signature(_model_class(name) if name in MODELS else factory).parameters
-    takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
-    merged = {k: v for k, v in data_shape.items() if takes_any or k in params}
+    names, takes_any = _accepts(factory)
+    merged = {k: v for k, v in data_shape.items() if takes_any or k in names}
     merged.update(kwargs)
     try:
         return factory(**merged)

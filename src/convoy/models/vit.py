@@ -7,6 +7,8 @@ sharding strategies can wrap each block (FSDP1 auto-wrap, FSDP2 ``fully_shard``)
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -84,13 +86,12 @@ class ViT(nn.Module):
         return self.head(self.norm(x[:, 0]))
 
 
-def vit_course(**kwargs: int) -> ViT:
-    """The reference course ViT: image 32, patch 4, 12 layers, 8 heads, hidden 384, MLP 768."""
-    params = dict(image_size=32, patch_size=4, depth=12, heads=8, hidden=384, mlp=768)
-    return ViT(**{**params, **kwargs})
+# Registered presets: ``functools.partial`` keeps ViT's signature, so the registry can check a
+# recipe's kwargs against it and every preset value stays overridable.
+vit_course = functools.partial(
+    ViT, image_size=32, patch_size=4, depth=12, heads=8, hidden=384, mlp=768
+)
+"""The reference course ViT: image 32, patch 4, 12 layers, 8 heads, hidden 384, MLP 768."""
 
-
-def vit_tiny(**kwargs: int) -> ViT:
-    """A small ViT for 8x8 digits and fast tests: patch 2, 4 layers, 4 heads, hidden 64."""
-    params = dict(image_size=8, patch_size=2, depth=4, heads=4, hidden=64, mlp=128)
-    return ViT(**{**params, **kwargs})
+vit_tiny = functools.partial(ViT, image_size=8, patch_size=2, depth=4, heads=4, hidden=64, mlp=128)
+"""A small ViT for 8x8 digits and fast tests: patch 2, 4 layers, 4 heads, hidden 64."""

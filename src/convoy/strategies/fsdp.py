@@ -17,7 +17,7 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-from convoy.strategies.base import Strategy, dtype_from_name, transformer_blocks
+from convoy.strategies.base import Strategy, transformer_blocks
 
 SHARDING = {
     "full_shard": ShardingStrategy.FULL_SHARD,
@@ -45,7 +45,7 @@ class FSDPStrategy(Strategy):
         if self.handles_precision:
             mixed = MixedPrecision(
                 param_dtype=self.compute_dtype,
-                reduce_dtype=dtype_from_name(getattr(self.cfg, "reduce_dtype", "fp32")),
+                reduce_dtype=torch.float32,  # gradients are averaged in full precision
                 buffer_dtype=self.compute_dtype,
             )
         return FSDP(
