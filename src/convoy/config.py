@@ -1,7 +1,7 @@
 """The job config: one frozen, validated pydantic model built from a YAML recipe plus overrides.
 
 A ``Job`` has the sections ``model``, ``data``, ``optim``, ``strategy``, ``precision``,
-``scaling`` and ``run``. Every section forbids unknown keys, so a misspelled key fails at load
+``scaling``, ``run``, ``checkpoint`` and ``fault``. Every section forbids unknown keys, so a misspelled key fails at load
 time with a suggestion instead of being silently ignored. Checks that span sections (global
 batch divisible by workers x accumulation, fp16 needs a GPU, a registered model and dataset)
 run once the whole job is known, before any worker starts.
@@ -169,6 +169,33 @@ class RunConfig(Section):
         return "off" if value is False else value
 
 
+class CheckpointConfig(Section):
+    every_steps: Annotated[int, Field(gt=0)] | None = None
+    """Save every this many optimizer steps (mid-epoch checkpoints resume mid-epoch)."""
+    every_epochs: Annotated[int, Field(gt=0)] | None = None
+    """Save at the end of every this many epochs."""
+    keep_latest: Annotated[int, Field(gt=0)] = 2
+    """Committed checkpoints to keep; older ones are deleted only after a newer one commits."""
+    resume: bool = True
+    """Continue from the latest committed checkpoint in the run directory, if there is one."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.every_steps is not None or self.every_epochs is not None
+
+
+class FaultConfig(Section):
+    """Fault injection, for tests and demonstrations of recovery."""
+
+    kind: Literal["none", "raise", "kill"] = "none"
+    """raise: an exception on the chosen rank; kill: SIGKILL the chosen rank's process."""
+    rank: Annotated[int, Field(ge=0)] = 0
+    at_step: Annotated[int, Field(gt=0)] = 1
+    """Fire right after this optimizer step (and after its checkpoint, if one is due)."""
+    every_attempt: bool = False
+    """Fire on resumed attempts too (by default only a run that started from scratch)."""
+
+
 class Job(Section):
     """A whole training job."""
 
@@ -179,6 +206,8 @@ class Job(Section):
     precision: Literal["fp32", "bf16", "fp16"] = "fp32"
     scaling: ScalingConfig = Field(default_factory=ScalingConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
+    fault: FaultConfig = Field(default_factory=FaultConfig)
 
     @model_validator(mode="after")
     def _check_across_sections(self) -> Job:
@@ -214,6 +243,8 @@ def check_job(job: Job) -> None:
             f"'single' trains one worker but scaling.num_workers is {workers}; "
             f"use 'ddp', 'fsdp' or 'fsdp2', or set scaling.num_workers=1",
         )
+    if job.fault.kind != "none" and job.fault.rank >= workers:
+        raise ConfigError("fault.rank", job.fault.rank, f"ranks are 0..{workers - 1}")
     if job.scaling.launcher == "local" and workers > 1:
         raise ConfigError(
             "scaling.num_workers",

@@ -3,13 +3,15 @@
 In the style of Accelerate's ``debug_launcher``: ``run_on_gloo(fn, 2, *args)`` spawns two
 processes, gives each a ``WorkerContext`` that joins a loopback TCP rendezvous, calls
 ``fn(ctx, *args)`` and returns every rank's return value in rank order. ``fn`` must be
-importable (defined at module level).
+importable (defined at module level). A rank that raises prints its traceback and exits with
+code 1, which ``torch.multiprocessing`` reports as a ``ProcessExitedException``.
 """
 
 from __future__ import annotations
 
 import pickle
 import tempfile
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -49,6 +51,12 @@ def _entry(
         local_world_size=world_size,
         init_method=init_method,
     )
-    result = fn(ctx, *args)
+    try:
+        result = fn(ctx, *args)
+    except BaseException:
+        # Exit at once so peers blocked in a collective see the connection drop, instead of
+        # waiting for a teardown that can hang with the process group still alive.
+        traceback.print_exc()
+        exit_without_teardown(1)
     (Path(tmp) / f"rank{rank}.pkl").write_bytes(pickle.dumps(result))
     exit_without_teardown()

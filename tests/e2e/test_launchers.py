@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 import convoy
+from convoy.checkpoint import committed_checkpoints, partial_checkpoints
 from convoy.config import load_job
 from convoy.errors import ResourceError
 from convoy.outputs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_metrics
@@ -30,6 +31,12 @@ def assert_trained(result: convoy.launchers.RunResult, world_size: int) -> None:
     for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE):
         assert (result.run_dir / name).is_file()
     assert json.loads((result.run_dir / SUMMARY_FILE).read_text()) == summary
+    # The recipe saves every 4 of its 8 epochs and keeps 2: both are committed, none partial.
+    assert [p.name for p in committed_checkpoints(result.run_dir)] == [
+        "step_00000156",
+        "step_00000312",
+    ]
+    assert partial_checkpoints(result.run_dir) == []
     epochs = [r for r in read_metrics(result.run_dir) if r["kind"] == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, 9))
     assert epochs[-1]["train/loss"] < epochs[0]["train/loss"]
@@ -66,3 +73,16 @@ def test_ray_refuses_what_the_cluster_can_never_place(tmp_path: Path, ray_sessio
     assert message.startswith("scaling.num_workers: got 4 workers of {'CPU': 1.0}")
     assert "can place at most 2" in message
     assert not (tmp_path / "too-big").exists()  # refused before anything was written
+
+
+@pytest.mark.ray
+def test_ray_run_with_the_same_name_resumes(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+    """Running a finished run's name again with more epochs continues from its checkpoint."""
+    ray_args = ("scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5")
+    first = convoy.train(recipe_job(tmp_path, *ray_args, "run.name=extend"))
+    assert first.summary["resumed_from"] is None
+    second = convoy.train(recipe_job(tmp_path, *ray_args, "run.name=extend", "run.epochs=10"))
+    assert second.summary["resumed_from"] == str(first.run_dir / "checkpoints" / "step_00000312")
+    assert second.summary["steps"] == 390  # 2 more epochs of 39 steps, not 10
+    epochs = [r["epoch"] for r in read_metrics(second.run_dir) if r["kind"] == "epoch"]
+    assert epochs == [*range(1, 9), 9, 10]  # metrics.jsonl keeps the first run's records

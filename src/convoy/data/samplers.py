@@ -48,6 +48,11 @@ class GlobalBatchSampler(DistributedSampler):
         self.share = global_batch // num_replicas
         self.num_samples = self.steps_per_epoch * self.share
         self.total_size = self.steps_per_epoch * global_batch
+        self.skip_steps = 0
+
+    def skip(self, steps: int) -> None:
+        """Start the current epoch after ``steps`` global batches (resuming mid-epoch)."""
+        self.skip_steps = steps
 
     def __iter__(self) -> Iterator[int]:
         n = len(self.dataset)  # type: ignore[arg-type]
@@ -58,11 +63,11 @@ class GlobalBatchSampler(DistributedSampler):
         else:
             order = torch.arange(n)
         batches = order[: self.total_size].view(self.steps_per_epoch, self.global_batch)
-        mine = batches[:, self.rank * self.share : (self.rank + 1) * self.share]
+        mine = batches[self.skip_steps :, self.rank * self.share : (self.rank + 1) * self.share]
         return iter(mine.reshape(-1).tolist())
 
     def __len__(self) -> int:
-        return self.num_samples
+        return self.num_samples - self.skip_steps * self.share
 
 
 class ShardedEvalSampler(Sampler[int]):

@@ -23,6 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from convoy.checkpoint import CheckpointManager, Position, partial_checkpoints
 from convoy.config import Job
 from convoy.data.base import Splits
 from convoy.data.loaders import eval_loader, train_loader
@@ -37,6 +38,7 @@ from convoy.distributed import (
 )
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
+from convoy.engine.faults import maybe_inject
 from convoy.engine.progress import Progress, format_epoch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.errors import ConfigError
@@ -79,8 +81,31 @@ class TrainState:
     strategy: Strategy
     precision: Precision
     metrics: MetricsManager
+    rank: int = 0
     step: int = 0
+    steps_into_epoch: int = 0
+    last_saved_step: int = -1
+    resumed_from: str | None = None
+    checkpoints: CheckpointManager | None = None
     timers: Timers = field(default_factory=Timers)
+
+    def position(self, epoch: int, steps_per_epoch: int) -> Position:
+        """Where to continue from; a finished epoch continues at the next one."""
+        if self.steps_into_epoch >= steps_per_epoch:
+            return Position(self.step, epoch + 1, 0)
+        return Position(self.step, epoch, self.steps_into_epoch)
+
+    def save_checkpoint(self, epoch: int, steps_per_epoch: int) -> None:
+        if self.checkpoints is None or self.last_saved_step == self.step:
+            return
+        extra = {
+            "scheduler": self.scheduler.state_dict(),
+            "scaler": self.precision.scaler.state_dict(),
+        }
+        self.checkpoints.save(
+            self.position(epoch, steps_per_epoch), self.model, self.optimizer, extra
+        )
+        self.last_saved_step = self.step
 
 
 def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
@@ -116,6 +141,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.timers = timers
     outputs = RunOutputs(job.run_dir, enabled=ctx.is_main)
     progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
+    start = _restore(job, ctx, state, progress)
     progress.line(
         f"convoy: {job.model.name} ({count_parameters(strategy.unwrap(state.model)):,} params on "
         f"rank 0) | {job.data.name}: {len(splits.train)} train / {len(splits.val)} val / "
@@ -123,12 +149,17 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         f"global batch {job.data.batch_size} | {total_steps} steps"
     )
     final: dict[str, float] = {}
-    for epoch in range(job.run.epochs):
+    for epoch in range(start.epoch, job.run.epochs):
         if state.step >= total_steps:
             break
-        loaders["train"].sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        sampler = loaders["train"].sampler
+        sampler.set_epoch(epoch)  # type: ignore[attr-defined]
+        sampler.skip(start.steps_into_epoch if epoch == start.epoch else 0)  # type: ignore[attr-defined]
+        state.steps_into_epoch = start.steps_into_epoch if epoch == start.epoch else 0
         epoch_start = time.perf_counter()
-        _train_epoch(job, state, loaders["train"], epoch, total_steps, outputs, progress)
+        _train_epoch(
+            job, state, loaders["train"], epoch, (steps_per_epoch, total_steps), outputs, progress
+        )
         values = state.metrics.compute("train")
         last = epoch == job.run.epochs - 1 or state.step >= total_steps
         if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
@@ -138,11 +169,46 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
             format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start)
         )
         final |= values
+        if _epoch_checkpoint_due(job, epoch, state.step >= total_steps):
+            state.save_checkpoint(epoch, steps_per_epoch)
     final |= _evaluate(state, loaders["test"], "test", ctx)
     outputs.log({"kind": "test", "step": state.step, **final})
     summary = _summary(job, ctx, state, final, total_steps)
     outputs.write_summary(summary)
     return summary
+
+
+def _restore(job: Job, ctx: WorkerContext, state: TrainState, progress: Progress) -> Position:
+    """Resume from the latest committed checkpoint, if checkpointing and resume are on."""
+    if not job.checkpoint.enabled:
+        return Position(0, 0, 0)
+    state.checkpoints = CheckpointManager(job.run_dir, ctx, job.checkpoint.keep_latest)
+    for partial in partial_checkpoints(job.run_dir):
+        progress.line(f"convoy: skipped {partial.name}: its save never committed")
+    restored = (
+        state.checkpoints.load_latest(state.model, state.optimizer)
+        if job.checkpoint.resume
+        else None
+    )
+    if restored is None:
+        return Position(0, 0, 0)
+    path, meta = restored
+    state.scheduler.load_state_dict(meta["scheduler"])
+    if meta["scaler"]:
+        state.precision.scaler.load_state_dict(meta["scaler"])
+    state.step = state.last_saved_step = meta["step"]
+    state.resumed_from = str(path)
+    progress.line(
+        f"convoy: resumed from {path.name} (step {meta['step']}, epoch {meta['epoch'] + 1}, "
+        f"{meta['steps_into_epoch']} steps into it; saved by {meta['world_size']} rank(s))"
+    )
+    return Position(meta["step"], meta["epoch"], meta["steps_into_epoch"])
+
+
+def _epoch_checkpoint_due(job: Job, epoch: int, finished: bool) -> bool:
+    """End-of-epoch save: every ``every_epochs``, and always once training is finished."""
+    every = job.checkpoint.every_epochs
+    return job.checkpoint.enabled and (finished or (every is not None and (epoch + 1) % every == 0))
 
 
 def _build_loaders(job: Job, ctx: WorkerContext, splits: Splits) -> dict[str, DataLoader]:
@@ -181,6 +247,7 @@ def _build_state(
     model = strategy.wrap(model)
     optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
     return TrainState(
+        rank=ctx.rank,
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, job.optim, total_steps),
@@ -195,10 +262,11 @@ def _train_epoch(
     state: TrainState,
     loader: DataLoader,
     epoch: int,
-    total_steps: int,
+    steps: tuple[int, int],
     outputs: RunOutputs,
     progress: Progress,
 ) -> None:
+    steps_per_epoch, total_steps = steps
     state.model.train()
     batches = iter(loader)
     accum = job.optim.grad_accum_steps
@@ -211,9 +279,14 @@ def _train_epoch(
         loss = _optimizer_step(job, state, micro_batches)
         step_end = time.perf_counter()
         state.step += 1
+        state.steps_into_epoch += 1
         _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
             _log_step(state, epoch, loss, outputs, progress)
+        every = job.checkpoint.every_steps
+        if every and state.step % every == 0:
+            state.save_checkpoint(epoch, steps_per_epoch)
+        maybe_inject(job.fault, state.step, state.rank, state.resumed_from is not None)
 
 
 def _optimizer_step(
@@ -283,6 +356,7 @@ def _summary(
         "world_size": ctx.world_size,
         "precision": job.precision,
         "steps": state.step,
+        "resumed_from": state.resumed_from,
         "planned_steps": total_steps,
         "metrics": final,
         "engine_start_time": timers.start,

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 
 from convoy.config import Job, load_job
@@ -99,7 +100,12 @@ def worker_main(argv: list[str]) -> None:
     from convoy.engine.loop import train
 
     job = load_job(argv[0])
-    train(job, worker_context_from_env(job))
+    try:
+        train(job, worker_context_from_env(job))
+    except BaseException:
+        # Fail fast: peers blocked in a collective see the connection drop at once.
+        traceback.print_exc()
+        exit_without_teardown(1)
     exit_without_teardown()
 
 

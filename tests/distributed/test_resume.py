@@ -1,0 +1,122 @@
+"""Exact resume: N steps straight == K steps, stop (mid-epoch), resume, N-K steps (bitwise)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+from torch.multiprocessing.spawn import ProcessException
+
+from convoy.checkpoint import PARTIAL_PREFIX, checkpoint_root, committed_checkpoints
+from convoy.config import Job, load_job
+from convoy.distributed import WorkerContext
+from convoy.engine.faults import InjectedFault
+from convoy.engine.loop import train
+from convoy.testing import run_on_gloo
+
+pytestmark = pytest.mark.distributed
+TOTAL_STEPS = 12  # digits at global batch 32: 39 steps per epoch, so the stop is mid-epoch
+
+
+def resume_job(root: Path, strategy: str, workers: int, *extra: str) -> Job:
+    return load_job(
+        None,
+        [
+            "model.name=vit_tiny",
+            "model.kwargs.depth=2",
+            "model.kwargs.hidden=32",
+            "model.kwargs.mlp=64",
+            "data.batch_size=32",
+            f"strategy.name={strategy}",
+            f"scaling.num_workers={workers}",
+            f"scaling.launcher={'local' if workers == 1 else 'torchrun'}",
+            f"run.max_steps={TOTAL_STEPS}",
+            "run.progress=off",
+            f"run.storage_dir={root}",
+            "checkpoint.every_steps=5",
+            "run.collective_timeout_s=60",  # a peer of a failed rank must not wait 10 minutes
+            *extra,
+        ],
+    )
+
+
+def train_on_rank(ctx: WorkerContext, job: Job) -> dict:
+    return train(job, ctx)
+
+
+def final_model(job: Job, tmp: Path) -> dict[str, torch.Tensor]:
+    """The last committed checkpoint's model, consolidated, loaded without unpickling code."""
+    latest = committed_checkpoints(job.run_dir)[-1]
+    assert latest.name == f"step_{TOTAL_STEPS:08d}"
+    target = tmp / f"{job.run.name}.pt"
+    dcp_to_torch_save(latest, target)
+    return torch.load(target, weights_only=True)["model"]
+
+
+def run(job: Job, workers: int) -> None:
+    if workers == 1:
+        train(job, WorkerContext())
+    else:
+        run_on_gloo(train_on_rank, workers, job)
+
+
+@pytest.mark.parametrize(("strategy", "workers"), [("single", 1), ("ddp", 2), ("fsdp2", 2)])
+def test_resume_is_bitwise_exact(strategy: str, workers: int, tmp_path: Path) -> None:
+    straight = resume_job(tmp_path, strategy, workers, "run.name=straight")
+    run(straight, workers)
+
+    stopped = resume_job(
+        tmp_path,
+        strategy,
+        workers,
+        "run.name=stopped",
+        "fault.kind=raise",
+        "fault.at_step=7",
+        f"fault.rank={workers - 1}",
+    )
+    # In-process the InjectedFault itself; spawned, the failed rank's exit.
+    expected_error = InjectedFault if workers == 1 else ProcessException
+    with pytest.raises(expected_error):
+        run(stopped, workers)
+    # Step 5 committed; the fault came after step 7, before the step-10 save.
+    assert [p.name for p in committed_checkpoints(stopped.run_dir)] == ["step_00000005"]
+
+    run(stopped, workers)  # the same run name again: resumes from step 5
+    expected, resumed = final_model(straight, tmp_path), final_model(stopped, tmp_path)
+    assert expected.keys() == resumed.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, resumed[name]), name
+
+
+def test_partial_checkpoint_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A save that never committed (crash mid-save) is never loaded, and the run says so."""
+    job = resume_job(
+        tmp_path, "single", 1, "run.name=partial", "run.max_steps=5", "run.progress=plain"
+    )
+    train(job, WorkerContext())
+    # Simulate a crash during the next save: shards of step 10 written, no commit.
+    partial = checkpoint_root(job.run_dir) / f"{PARTIAL_PREFIX}step_00000010"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"half a shard")
+    capsys.readouterr()
+    longer = resume_job(tmp_path, "single", 1, "run.name=partial", "run.progress=plain")
+    summary = train(longer, WorkerContext())
+    out = capsys.readouterr().out
+    assert "skipped .partial-step_00000010: its save never committed" in out
+    assert "resumed from step_00000005" in out
+    assert summary["resumed_from"].endswith("step_00000005")
+    assert summary["steps"] == TOTAL_STEPS
+
+
+def test_reshard_two_rank_fsdp2_to_one_rank_single(tmp_path: Path) -> None:
+    """Saved by 2-rank fsdp2, resumed by 1-rank single: the same eval metrics."""
+    sharded = resume_job(tmp_path, "fsdp2", 2, "run.name=reshard")
+    summaries = run_on_gloo(train_on_rank, 2, sharded)
+    # Evaluate the restored weights without training further (resume at the final step).
+    single = resume_job(tmp_path, "single", 1, "run.name=reshard")
+    summary = train(single, WorkerContext())
+    assert summary["resumed_from"].endswith(f"step_{TOTAL_STEPS:08d}")
+    for key in ("test/acc", "test/loss", "test/f1"):
+        assert summary["metrics"][key] == pytest.approx(summaries[0]["metrics"][key], rel=1e-5)
