@@ -2,6 +2,8 @@
 
     convoy train RECIPE.yaml [-o key.path=value ...]
     convoy config show RECIPE.yaml [-o key.path=value ...]
+    convoy export RUN_DIR [--checkpoint step_N] --format safetensors
+    convoy evaluate EXPORT_DIR
     convoy list
 
 Errors caused by input (a bad config, a missing dataset, an impossible resource request) are
@@ -70,6 +72,35 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_recipe_args(show)
 
+    export = commands.add_parser(
+        "export",
+        help="export a checkpoint to one safetensors file",
+        description="Consolidate a run's checkpoint (sharded by any strategy and world size) "
+        "into one single-device model.safetensors plus model.json, loadable with plain PyTorch.",
+    )
+    export.add_argument("run", help="the run directory, <run.storage_dir>/<run.name>")
+    export.add_argument(
+        "--checkpoint", help="a checkpoint name like step_00000312 (default: latest)"
+    )
+    export.add_argument("--format", choices=["safetensors"], default="safetensors")
+    export.add_argument("--out", help="output directory (default: <run>/export/<checkpoint>)")
+
+    evaluate = commands.add_parser(
+        "evaluate",
+        help="evaluate an exported model on its test split",
+        description="Load an export (no process group, no pickle) and compute its test metrics "
+        "on the job's dataset; prints them beside the metrics recorded at training time.",
+    )
+    evaluate.add_argument("export", help="a directory written by convoy export")
+    evaluate.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override the recorded job, e.g. -o data.path=/new/place",
+    )
+
     commands.add_parser(
         "list",
         help="list models, datasets, strategies and launchers",
@@ -89,6 +120,34 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def cmd_config_show(args: argparse.Namespace) -> int:
     print(job_to_yaml(load_job(args.recipe, args.override)), end="")
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from convoy.export import export_checkpoint, find_checkpoint
+
+    run_dir = Path(args.run)
+    checkpoint = find_checkpoint(run_dir, args.checkpoint)
+    out = Path(args.out) if args.out else run_dir / "export" / checkpoint.name
+    print(f"exported {checkpoint.name} to {export_checkpoint(run_dir, out, checkpoint.name)}")
+    return 0
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    from convoy.export import MODEL_FILE, evaluate_exported
+
+    export_dir = Path(args.export)
+    recorded = json.loads((export_dir / MODEL_FILE).read_text()).get("metrics", {})
+    measured = evaluate_exported(export_dir, args.override)
+    print(f"{'metric':<14}{'measured':>12}{'recorded':>12}")
+    for key, value in measured.items():
+        before = recorded.get(key)
+        print(f"{key:<14}{value:>12.6f}" + (f"{before:>12.6f}" if before is not None else ""))
     return 0
 
 
@@ -143,7 +202,12 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"train": cmd_train, "list": cmd_list}
+    handlers = {
+        "train": cmd_train,
+        "list": cmd_list,
+        "export": cmd_export,
+        "evaluate": cmd_evaluate,
+    }
     handler = cmd_config_show if args.command == "config" else handlers[args.command]
     try:
         return handler(args)

@@ -24,10 +24,12 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_command_set_is_pinned() -> None:
     """The CLI surface grows only on purpose."""
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
-    assert sorted(subparsers.choices) == ["config", "list", "train"]  # type: ignore[attr-defined]
+    assert sorted(subparsers.choices) == ["config", "evaluate", "export", "list", "train"]  # type: ignore[attr-defined]
 
 
-@pytest.mark.parametrize("args", [[], ["train"], ["config"], ["config", "show"], ["list"]])
+@pytest.mark.parametrize(
+    "args", [[], ["train"], ["config"], ["config", "show"], ["list"], ["export"], ["evaluate"]]
+)
 def test_every_command_has_help(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
         main([*args, "--help"])

@@ -82,6 +82,8 @@ class TrainState:
     precision: Precision
     metrics: MetricsManager
     rank: int = 0
+    data_shape: dict[str, int] = field(default_factory=dict)
+    job_record: dict[str, Any] = field(default_factory=dict)
     step: int = 0
     steps_into_epoch: int = 0
     last_saved_step: int = -1
@@ -95,12 +97,18 @@ class TrainState:
             return Position(self.step, epoch + 1, 0)
         return Position(self.step, epoch, self.steps_into_epoch)
 
-    def save_checkpoint(self, epoch: int, steps_per_epoch: int) -> None:
+    def save_checkpoint(
+        self, epoch: int, steps_per_epoch: int, metrics: dict[str, float] | None = None
+    ) -> None:
+        """Save unless checkpointing is off or this step is saved already."""
         if self.checkpoints is None or self.last_saved_step == self.step:
             return
         extra = {
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
+            "data_shape": self.data_shape,
+            "job": self.job_record,
+            "metrics": metrics or {},
         }
         self.checkpoints.save(
             self.position(epoch, steps_per_epoch), self.model, self.optimizer, extra
@@ -149,9 +157,11 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         f"global batch {job.data.batch_size} | {total_steps} steps"
     )
     final: dict[str, float] = {}
+    last_epoch = start.epoch
     for epoch in range(start.epoch, job.run.epochs):
         if state.step >= total_steps:
             break
+        last_epoch = epoch
         sampler = loaders["train"].sampler
         sampler.set_epoch(epoch)  # type: ignore[attr-defined]
         sampler.skip(start.steps_into_epoch if epoch == start.epoch else 0)  # type: ignore[attr-defined]
@@ -169,9 +179,11 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
             format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start)
         )
         final |= values
-        if _epoch_checkpoint_due(job, epoch, state.step >= total_steps):
+        if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch)
     final |= _evaluate(state, loaders["test"], "test", ctx)
+    # The final checkpoint records the test metrics, so an export can be checked against them.
+    state.save_checkpoint(last_epoch, steps_per_epoch, metrics=final)
     outputs.log({"kind": "test", "step": state.step, **final})
     summary = _summary(job, ctx, state, final, total_steps)
     outputs.write_summary(summary)
@@ -205,10 +217,10 @@ def _restore(job: Job, ctx: WorkerContext, state: TrainState, progress: Progress
     return Position(meta["step"], meta["epoch"], meta["steps_into_epoch"])
 
 
-def _epoch_checkpoint_due(job: Job, epoch: int, finished: bool) -> bool:
-    """End-of-epoch save: every ``every_epochs``, and always once training is finished."""
+def _epoch_checkpoint_due(job: Job, epoch: int) -> bool:
+    """End-of-epoch save every ``every_epochs`` (the end of training always saves)."""
     every = job.checkpoint.every_epochs
-    return job.checkpoint.enabled and (finished or (every is not None and (epoch + 1) % every == 0))
+    return every is not None and (epoch + 1) % every == 0
 
 
 def _build_loaders(job: Job, ctx: WorkerContext, splits: Splits) -> dict[str, DataLoader]:
@@ -248,6 +260,8 @@ def _build_state(
     optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
     return TrainState(
         rank=ctx.rank,
+        data_shape=splits.shape,
+        job_record=job.model_dump(mode="json"),
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, job.optim, total_steps),
@@ -284,7 +298,7 @@ def _train_epoch(
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
             _log_step(state, epoch, loss, outputs, progress)
         every = job.checkpoint.every_steps
-        if every and state.step % every == 0:
+        if every and state.step % every == 0 and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch)
         maybe_inject(job.fault, state.step, state.rank, state.resumed_from is not None)
 

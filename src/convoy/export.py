@@ -1,0 +1,102 @@
+"""Export a checkpoint to one consolidated safetensors file, and evaluate an export.
+
+``export_checkpoint`` reads only the model entries of a sharded DCP checkpoint into a model
+built on one CPU device (DCP reshards from any world size and strategy) and writes
+``model.safetensors`` plus ``model.json`` (the model's name and arguments, the job config and
+the test metrics recorded for that checkpoint). Loading an export needs plain PyTorch and
+safetensors, no process group, and unpickles nothing.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from convoy.checkpoint import META_FILE, committed_checkpoints
+from convoy.config import Job, job_from_dict
+from convoy.errors import ConvoyError
+
+WEIGHTS_FILE = "model.safetensors"
+MODEL_FILE = "model.json"
+
+
+def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
+    """The named committed checkpoint of a run, or its latest."""
+    found = committed_checkpoints(run_dir)
+    if not found:
+        raise ConvoyError(f"RUN: {str(run_dir)!r} has no committed checkpoints")
+    if checkpoint is None:
+        return found[-1]
+    for path in found:
+        if path.name == checkpoint:
+            return path
+    names = ", ".join(p.name for p in found)
+    raise ConvoyError(f"--checkpoint: got {checkpoint!r}; this run has: {names}")
+
+
+def _build(job: Job, data_shape: dict[str, int]) -> nn.Module:
+    from convoy.models.registry import build_model
+
+    return build_model(job.model.name, job.model.kwargs, data_shape)
+
+
+def export_checkpoint(run_dir: Path, out_dir: Path, checkpoint: str | None = None) -> Path:
+    """Write ``model.safetensors`` + ``model.json`` for a checkpoint; returns ``out_dir``."""
+    from safetensors.torch import save_file
+
+    path = find_checkpoint(run_dir, checkpoint)
+    meta = json.loads((path / META_FILE).read_text())
+    job = job_from_dict(meta["job"])  # the job that wrote this checkpoint
+    model = _build(job, meta["data_shape"])
+    state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / WEIGHTS_FILE))
+    description = {
+        "checkpoint": str(path),
+        "step": meta["step"],
+        "data_shape": meta["data_shape"],
+        "metrics": meta.get("metrics", {}),
+        "job": job.model_dump(mode="json"),
+    }
+    (out_dir / MODEL_FILE).write_text(json.dumps(description, indent=2))
+    return out_dir
+
+
+def load_exported(export_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
+    """The exported model (on CPU, eval mode) and its description."""
+    from safetensors.torch import load_file
+
+    description = json.loads((export_dir / MODEL_FILE).read_text())
+    job = job_from_dict(description["job"])
+    model = _build(job, description["data_shape"])
+    model.load_state_dict(load_file(str(export_dir / WEIGHTS_FILE)))
+    return model.eval(), description
+
+
+def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> dict[str, float]:
+    """Test metrics of an exported model, in one process, on its job's dataset."""
+    from convoy.data.loaders import eval_loader
+    from convoy.data.registry import load_splits
+    from convoy.engine.amp import Precision
+    from convoy.engine.evaluate import evaluate
+    from convoy.metrics import MetricsManager
+    from convoy.strategies.single import SingleStrategy
+
+    model, description = load_exported(export_dir)
+    data = job_from_dict(description["job"])
+    if overrides:  # e.g. the dataset moved: -o data.path=...
+        from convoy.config import apply_overrides
+
+        data = job_from_dict(apply_overrides(description["job"], overrides))
+    splits = load_splits(data.data)
+    device = torch.device("cpu")
+    loader = eval_loader(splits.test, data.data.eval_batch_size, 1, 0)
+    precision = Precision(torch.float32, device, SingleStrategy(None, device, torch.float32))
+    metrics = MetricsManager(splits.num_classes, device)
+    return evaluate(model, loader, "test", metrics, precision, device)
