@@ -192,8 +192,8 @@ class FaultConfig(Section):
     rank: Annotated[int, Field(ge=0)] = 0
     at_step: Annotated[int, Field(gt=0)] = 1
     """Fire right after this optimizer step (and after its checkpoint, if one is due)."""
-    every_attempt: bool = False
-    """Fire on resumed attempts too (by default only a run that started from scratch)."""
+    attempts: Annotated[int, Field(ge=0)] = 1
+    """Fire on the first this many attempts of the run (restarts included); 0: every attempt."""
 
 
 class Job(Section):

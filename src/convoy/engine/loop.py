@@ -38,7 +38,7 @@ from convoy.distributed import (
 )
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
-from convoy.engine.faults import maybe_inject
+from convoy.engine.faults import maybe_inject, next_attempt
 from convoy.engine.progress import Progress, format_epoch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.errors import ConfigError
@@ -82,6 +82,7 @@ class TrainState:
     precision: Precision
     metrics: MetricsManager
     rank: int = 0
+    attempt: int = 1
     data_shape: dict[str, int] = field(default_factory=dict)
     job_record: dict[str, Any] = field(default_factory=dict)
     step: int = 0
@@ -149,6 +150,8 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.timers = timers
     outputs = RunOutputs(job.run_dir, enabled=ctx.is_main)
     progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
+    if job.fault.kind != "none":
+        state.attempt = next_attempt(job.run_dir, ctx.is_main)
     start = _restore(job, ctx, state, progress)
     progress.line(
         f"convoy: {job.model.name} ({count_parameters(strategy.unwrap(state.model)):,} params on "
@@ -300,7 +303,7 @@ def _train_epoch(
         every = job.checkpoint.every_steps
         if every and state.step % every == 0 and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch)
-        maybe_inject(job.fault, state.step, state.rank, state.resumed_from is not None)
+        maybe_inject(job.fault, state.step, state.rank, state.attempt)
 
 
 def _optimizer_step(

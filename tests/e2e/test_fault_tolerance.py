@@ -1,0 +1,69 @@
+"""Worker kills on Ray Train: restarts resume from the last committed checkpoint, exactly."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import convoy
+from convoy.checkpoint import committed_checkpoints
+from convoy.config import Job, load_job
+from convoy.errors import LaunchError
+from convoy.export import WEIGHTS_FILE, export_checkpoint
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_mlp.yaml"
+
+
+def ray_job(tmp_path: Path, name: str, *extra: str) -> Job:
+    return load_job(
+        RECIPE,
+        [
+            "scaling.launcher=ray",
+            "scaling.num_workers=2",
+            "scaling.cpus_per_worker=0.5",
+            "scaling.max_failures=2",
+            "run.epochs=2",
+            "checkpoint.every_steps=20",
+            "run.progress=off",
+            f"run.storage_dir={tmp_path}",
+            f"run.name={name}",
+            *extra,
+        ],
+    )
+
+
+def final_weights(job: Job, tmp_path: Path) -> dict[str, torch.Tensor]:
+    out = export_checkpoint(job.run_dir, tmp_path / f"{job.run.name}-export")
+    return load_file(str(out / WEIGHTS_FILE))
+
+
+KILL_RANK_1 = ("fault.kind=kill", "fault.rank=1", "fault.at_step=30")
+
+
+def test_two_kills_are_survived_with_the_same_result(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+    reference = ray_job(tmp_path, "uninterrupted")
+    convoy.train(reference)
+    killed = ray_job(tmp_path, "killed-twice", *KILL_RANK_1, "fault.attempts=2")
+    result = convoy.train(killed)
+    assert (killed.run_dir / ".attempts").read_text() == "3"  # two SIGKILLs, then success
+    assert result.summary["resumed_from"].endswith("step_00000020")
+    expected, got = final_weights(reference, tmp_path), final_weights(killed, tmp_path)
+    assert expected.keys() == got.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+
+def test_a_third_kill_fails_clearly_and_keeps_checkpoints(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+    job = ray_job(tmp_path, "killed-thrice", *KILL_RANK_1, "fault.attempts=3")
+    with pytest.raises(LaunchError, match="Ray Train run failed"):
+        convoy.train(job)
+    assert (job.run_dir / ".attempts").read_text() == "3"
+    checkpoints = committed_checkpoints(job.run_dir)
+    assert [p.name for p in checkpoints] == ["step_00000020"]
+    for checkpoint in checkpoints:  # every committed checkpoint still loads
+        out = export_checkpoint(job.run_dir, tmp_path / checkpoint.name, checkpoint.name)
+        assert load_file(str(out / WEIGHTS_FILE))
