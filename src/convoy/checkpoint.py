@@ -86,13 +86,34 @@ def _set_rng_state(state: dict[str, Any]) -> None:
     torch.set_rng_state(torch.tensor(state["torch"], dtype=torch.uint8))
 
 
+@dataclass(frozen=True)
+class BestPolicy:
+    """Keep the ``count`` checkpoints with the best ``metric`` recorded in their meta."""
+
+    count: int
+    metric: str
+    mode: str
+
+    def select(self, checkpoints: list[Path]) -> list[Path]:
+        scored = []
+        for path in checkpoints:
+            value = json.loads((path / META_FILE).read_text()).get("metrics", {}).get(self.metric)
+            if value is not None:
+                scored.append((value, path))
+        scored.sort(key=lambda item: item[0], reverse=self.mode == "max")
+        return [path for _, path in scored[: self.count]]
+
+
 class CheckpointManager:
     """Saves and restores one run's checkpoints; every rank calls every method."""
 
-    def __init__(self, run_dir: Path, ctx: WorkerContext, keep_latest: int) -> None:
+    def __init__(
+        self, run_dir: Path, ctx: WorkerContext, keep_latest: int, best: BestPolicy | None = None
+    ) -> None:
         self.run_dir = run_dir
         self.ctx = ctx
         self.keep_latest = keep_latest
+        self.best = best
 
     def save(
         self,
@@ -134,8 +155,14 @@ class CheckpointManager:
         return final
 
     def _prune(self) -> None:
-        for old in committed_checkpoints(self.run_dir)[: -self.keep_latest]:
-            shutil.rmtree(old, ignore_errors=True)
+        """Delete what neither the latest-K nor the best-K rule keeps (after a commit only)."""
+        found = committed_checkpoints(self.run_dir)
+        keep = set(found[-self.keep_latest :])
+        if self.best is not None:
+            keep |= set(self.best.select(found))
+        for old in found:
+            if old not in keep:
+                shutil.rmtree(old, ignore_errors=True)
 
     def load_latest(
         self, model: nn.Module, optimizer: torch.optim.Optimizer

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from convoy.checkpoint import CheckpointManager, Position, partial_checkpoints
+from convoy.checkpoint import BestPolicy, CheckpointManager, Position, partial_checkpoints
 from convoy.config import Job
 from convoy.data.base import Splits
 from convoy.data.loaders import eval_loader, train_loader
@@ -85,6 +85,8 @@ class TrainState:
     attempt: int = 1
     data_shape: dict[str, int] = field(default_factory=dict)
     job_record: dict[str, Any] = field(default_factory=dict)
+    latest_metrics: dict[str, float] = field(default_factory=dict)
+    """The last epoch's metrics: what a checkpoint is ranked by for keep_best."""
     step: int = 0
     steps_into_epoch: int = 0
     last_saved_step: int = -1
@@ -109,7 +111,7 @@ class TrainState:
             "scaler": self.precision.scaler.state_dict(),
             "data_shape": self.data_shape,
             "job": self.job_record,
-            "metrics": metrics or {},
+            "metrics": metrics or self.latest_metrics,
         }
         self.checkpoints.save(
             self.position(epoch, steps_per_epoch), self.model, self.optimizer, extra
@@ -182,6 +184,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
             format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start)
         )
         final |= values
+        state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch)
     final |= _evaluate(state, loaders["test"], "test", ctx)
@@ -197,7 +200,9 @@ def _restore(job: Job, ctx: WorkerContext, state: TrainState, progress: Progress
     """Resume from the latest committed checkpoint, if checkpointing and resume are on."""
     if not job.checkpoint.enabled:
         return Position(0, 0, 0)
-    state.checkpoints = CheckpointManager(job.run_dir, ctx, job.checkpoint.keep_latest)
+    cfg = job.checkpoint
+    best = BestPolicy(cfg.keep_best, cfg.best_metric, cfg.best_mode) if cfg.keep_best else None
+    state.checkpoints = CheckpointManager(job.run_dir, ctx, cfg.keep_latest, best)
     for partial in partial_checkpoints(job.run_dir):
         progress.line(f"convoy: skipped {partial.name}: its save never committed")
     restored = (
