@@ -18,7 +18,23 @@ from typing import Any
 
 import torch.multiprocessing as mp
 
+from convoy.config import Job
 from convoy.distributed import WorkerContext, exit_without_teardown, free_port
+
+# A ViT small enough for CPU tests that still has transformer blocks to shard.
+TINY_VIT_OVERRIDES = (
+    "model.name=vit_tiny",
+    "model.kwargs.depth=2",
+    "model.kwargs.hidden=32",
+    "model.kwargs.mlp=64",
+)
+
+
+def train_on_rank(ctx: WorkerContext, job: Job) -> dict[str, Any]:
+    """``run_on_gloo(train_on_rank, 2, job)`` trains ``job`` on two spawned ranks."""
+    from convoy.engine.loop import train
+
+    return train(job, ctx)
 
 
 def run_on_gloo(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:

@@ -14,7 +14,7 @@ from convoy.config import Job, load_job
 from convoy.distributed import WorkerContext
 from convoy.engine.faults import InjectedFault
 from convoy.engine.loop import train
-from convoy.testing import run_on_gloo
+from convoy.testing import TINY_VIT_OVERRIDES, run_on_gloo, train_on_rank
 
 pytestmark = pytest.mark.distributed
 TOTAL_STEPS = 12  # digits at global batch 32: 39 steps per epoch, so the stop is mid-epoch
@@ -24,10 +24,7 @@ def resume_job(root: Path, strategy: str, workers: int, *extra: str) -> Job:
     return load_job(
         None,
         [
-            "model.name=vit_tiny",
-            "model.kwargs.depth=2",
-            "model.kwargs.hidden=32",
-            "model.kwargs.mlp=64",
+            *TINY_VIT_OVERRIDES,
             "data.batch_size=32",
             f"strategy.name={strategy}",
             f"scaling.num_workers={workers}",
@@ -40,10 +37,6 @@ def resume_job(root: Path, strategy: str, workers: int, *extra: str) -> Job:
             *extra,
         ],
     )
-
-
-def train_on_rank(ctx: WorkerContext, job: Job) -> dict:
-    return train(job, ctx)
 
 
 def final_model(job: Job, tmp: Path) -> dict[str, torch.Tensor]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_strategy_parity import STEPS, parity_job, step_losses, train_on_rank
+from test_strategy_parity import STEPS, parity_job, step_losses
 from torch import nn
 
 from convoy.config import load_job
@@ -15,7 +15,7 @@ from convoy.distributed import WorkerContext, join_process_group
 from convoy.engine.loop import train
 from convoy.models.registry import build_model
 from convoy.strategies import build_strategy
-from convoy.testing import run_on_gloo
+from convoy.testing import run_on_gloo, train_on_rank
 
 pytestmark = pytest.mark.distributed
 

@@ -14,7 +14,7 @@ from convoy.config import Job, load_job
 from convoy.distributed import WorkerContext
 from convoy.engine.loop import train
 from convoy.outputs import read_metrics
-from convoy.testing import run_on_gloo
+from convoy.testing import TINY_VIT_OVERRIDES, run_on_gloo, train_on_rank
 
 pytestmark = pytest.mark.distributed
 STEPS = 8
@@ -24,10 +24,7 @@ def parity_job(tmp_path: Path, strategy: str, workers: int, extra: list[str] = (
     return load_job(
         None,
         [
-            "model.name=vit_tiny",
-            "model.kwargs.depth=2",
-            "model.kwargs.hidden=32",
-            "model.kwargs.mlp=64",
+            *TINY_VIT_OVERRIDES,
             "data.name=digits",
             "data.batch_size=32",
             f"strategy.name={strategy}",
@@ -45,10 +42,6 @@ def parity_job(tmp_path: Path, strategy: str, workers: int, extra: list[str] = (
             *extra,
         ],
     )
-
-
-def train_on_rank(ctx: WorkerContext, job: Job) -> dict:
-    return train(job, ctx)
 
 
 def step_losses(job: Job) -> list[float]:

@@ -9,17 +9,11 @@ import pytest
 
 from convoy.cli import main
 from convoy.config import load_job
-from convoy.distributed import WorkerContext
-from convoy.engine.loop import train
 from convoy.export import MODEL_FILE, WEIGHTS_FILE, evaluate_exported, load_exported
-from convoy.testing import run_on_gloo
+from convoy.testing import run_on_gloo, train_on_rank
 
 pytestmark = pytest.mark.e2e
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_mlp.yaml"
-
-
-def train_on_rank(ctx: WorkerContext, job) -> dict:  # type: ignore[no-untyped-def]
-    return train(job, ctx)
 
 
 def test_fsdp2_checkpoint_exports_and_reproduces_test_metrics(
