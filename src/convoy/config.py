@@ -161,6 +161,9 @@ class RunConfig(Section):
     progress: Literal["auto", "bar", "plain", "off"] = "auto"
     """auto: a live bar on a TTY, plain lines otherwise (rank 0 only)."""
     collective_timeout_s: Annotated[float, Field(gt=0)] = 600.0
+    """Timeout of one collective operation (the process group's timeout)."""
+    hang_timeout_s: Annotated[float, Field(gt=0)] | None = None
+    """Fail the attempt, naming the stuck rank(s), when a rank makes no progress this long."""
 
     @field_validator("progress", mode="before")
     @classmethod
@@ -191,8 +194,8 @@ class CheckpointConfig(Section):
 class FaultConfig(Section):
     """Fault injection, for tests and demonstrations of recovery."""
 
-    kind: Literal["none", "raise", "kill"] = "none"
-    """raise: an exception on the chosen rank; kill: SIGKILL the chosen rank's process."""
+    kind: Literal["none", "raise", "kill", "hang"] = "none"
+    """raise: an exception; kill: SIGKILL the process; hang: stop making progress."""
     rank: Annotated[int, Field(ge=0)] = 0
     at_step: Annotated[int, Field(gt=0)] = 1
     """Fire right after this optimizer step (and after its checkpoint, if one is due)."""

@@ -29,6 +29,8 @@ class WorkerContext:
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     init_method: str | None = None
     """How to create the process group if the launcher has not (``env://``, ``tcp://``)."""
+    store_namespace: str | None = None
+    """With ``env://``: a key prefix in the launcher's store, unique to this attempt."""
 
     @property
     def is_main(self) -> bool:
@@ -47,14 +49,41 @@ def join_process_group(ctx: WorkerContext, timeout_s: float) -> bool:
     if dist.is_initialized():
         return False
     backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if ctx.store_namespace is not None:
+        dist.init_process_group(
+            backend,
+            store=_namespaced_env_store(ctx, timeout),
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            timeout=timeout,
+        )
+        return True
     dist.init_process_group(
         backend,
         init_method=ctx.init_method or "env://",
         rank=ctx.rank,
         world_size=ctx.world_size,
-        timeout=datetime.timedelta(seconds=timeout_s),
+        timeout=timeout,
     )
     return True
+
+
+def _namespaced_env_store(ctx: WorkerContext, timeout: datetime.timedelta) -> dist.Store:
+    """The store at MASTER_ADDR:MASTER_PORT, with keys under this attempt's namespace.
+
+    torchrun's agent keeps one store across restarts; without a per-attempt prefix a restarted
+    group can read the previous attempt's (dead) peer addresses and fail to connect.
+    """
+    agent_hosts_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        ctx.world_size,
+        is_master=ctx.rank == 0 and not agent_hosts_store,
+        timeout=timeout,
+    )
+    return dist.PrefixStore(f"convoy/{ctx.store_namespace}", store)
 
 
 def is_distributed() -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
 from convoy.config import FaultConfig
@@ -23,6 +24,9 @@ def maybe_inject(cfg: FaultConfig, step: int, rank: int, attempt: int) -> None:
         return
     if cfg.kind == "raise":
         raise InjectedFault(f"fault injection: rank {rank} raised after step {step}")
+    if cfg.kind == "hang":
+        while True:  # what a deadlocked rank looks like from outside
+            time.sleep(3600)
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
 

@@ -39,6 +39,7 @@ from convoy.distributed import (
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
 from convoy.engine.faults import maybe_inject, next_attempt
+from convoy.engine.heartbeat import Heartbeat, hang_watch
 from convoy.engine.progress import Progress, format_epoch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.errors import ConfigError
@@ -86,6 +87,7 @@ class TrainState:
     data_shape: dict[str, int] = field(default_factory=dict)
     job_record: dict[str, Any] = field(default_factory=dict)
     latest_metrics: dict[str, float] = field(default_factory=dict)
+    heartbeat: Heartbeat | None = None
     """The last epoch's metrics: what a checkpoint is ranked by for keep_best."""
     step: int = 0
     steps_into_epoch: int = 0
@@ -161,6 +163,27 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         f"{len(splits.test)} test | {job.strategy.name} x {ctx.world_size} | {job.precision} | "
         f"global batch {job.data.batch_size} | {total_steps} steps"
     )
+    watch = hang_watch(job.run_dir, ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s)
+    with watch as state.heartbeat:
+        steps = (steps_per_epoch, total_steps)
+        final = _run_epochs(job, ctx, state, loaders, start, steps, outputs, progress)
+    summary = _summary(job, ctx, state, final, total_steps)
+    outputs.write_summary(summary)
+    return summary
+
+
+def _run_epochs(
+    job: Job,
+    ctx: WorkerContext,
+    state: TrainState,
+    loaders: dict[str, DataLoader],
+    start: Position,
+    steps: tuple[int, int],
+    outputs: RunOutputs,
+    progress: Progress,
+) -> dict[str, float]:
+    """Train from ``start`` to the end, evaluating as configured; returns the final metrics."""
+    steps_per_epoch, total_steps = steps
     final: dict[str, float] = {}
     last_epoch = start.epoch
     for epoch in range(start.epoch, job.run.epochs):
@@ -191,9 +214,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     # The final checkpoint records the test metrics, so an export can be checked against them.
     state.save_checkpoint(last_epoch, steps_per_epoch, metrics=final)
     outputs.log({"kind": "test", "step": state.step, **final})
-    summary = _summary(job, ctx, state, final, total_steps)
-    outputs.write_summary(summary)
-    return summary
+    return final
 
 
 def _restore(job: Job, ctx: WorkerContext, state: TrainState, progress: Progress) -> Position:
@@ -295,6 +316,8 @@ def _train_epoch(
     for _ in range(len(loader) // accum):
         if state.step >= total_steps:
             return
+        if state.heartbeat:
+            state.heartbeat.beat(state.step + 1, state.step)
         step_start = time.perf_counter()
         micro_batches = [next(batches) for _ in range(accum)]
         data_ready = time.perf_counter()
@@ -302,6 +325,8 @@ def _train_epoch(
         step_end = time.perf_counter()
         state.step += 1
         state.steps_into_epoch += 1
+        if state.heartbeat:
+            state.heartbeat.beat(state.step, state.step)
         _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
             _log_step(state, epoch, loss, outputs, progress)

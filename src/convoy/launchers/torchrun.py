@@ -93,6 +93,7 @@ def worker_context_from_env(job: Job) -> WorkerContext:
         local_world_size=int(os.environ["LOCAL_WORLD_SIZE"]),
         device=local_device(job, local_rank),
         init_method="env://",
+        store_namespace=f"attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}",
     )
 
 
