@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
@@ -114,6 +115,8 @@ class CheckpointManager:
         self.ctx = ctx
         self.keep_latest = keep_latest
         self.best = best
+        self._pending: tuple[Any, dict[str, Any], Path, Path] | None = None
+        self._group: Any = None
 
     def save(
         self,
@@ -121,8 +124,15 @@ class CheckpointManager:
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
         extra: dict[str, Any],
+        asynchronous: bool = False,
     ) -> Path:
-        """Write every rank's shards, then commit atomically; returns the committed path."""
+        """Write every rank's shards, then commit atomically; returns the checkpoint's path.
+
+        With ``asynchronous`` the state is staged to CPU memory now and written by a
+        background thread while training goes on; the commit happens in ``wait()``, which the
+        next save (and the end of training) calls first.
+        """
+        self.wait()
         name = f"step_{position.step:08d}"
         root = checkpoint_root(self.run_dir)
         partial, final = root / f"{PARTIAL_PREFIX}{name}", root / name
@@ -131,28 +141,53 @@ class CheckpointManager:
             partial.mkdir(parents=True)
         barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.save(
-            {"model": model_state, "optim": optim_state},
-            checkpoint_id=partial,
-            no_dist=not is_distributed(),
-        )
+        state = {"model": model_state, "optim": optim_state}
         _write_json(partial / f"rng_rank{self.ctx.rank}.json", _rng_state())
+        meta = {
+            "step": position.step,
+            "epoch": position.epoch,
+            "steps_into_epoch": position.steps_into_epoch,
+            "world_size": self.ctx.world_size,
+            **extra,
+        }
+        if asynchronous:
+            future = dcp.async_save(
+                state,
+                checkpoint_id=partial,
+                process_group=self._background_group(),
+                no_dist=not is_distributed(),
+            )
+            self._pending = (future, meta, partial, final)
+            return final
+        dcp.save(state, checkpoint_id=partial, no_dist=not is_distributed())
+        self._commit(meta, partial, final)
+        return final
+
+    def wait(self) -> None:
+        """Finish and commit a pending asynchronous save (every rank calls this)."""
+        if self._pending is None:
+            return
+        future, meta, partial, final = self._pending
+        self._pending = None
+        future.result()
+        self._commit(meta, partial, final)
+
+    def _background_group(self) -> Any:
+        # Background writes run collectives of their own; on the training group they could
+        # interleave with the training's collectives, so they get a group of their own.
+        if self._group is None and is_distributed():
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _commit(self, meta: dict[str, Any], partial: Path, final: Path) -> None:
         barrier()  # every rank's shards and RNG file are on disk
         if self.ctx.is_main:
-            meta = {
-                "step": position.step,
-                "epoch": position.epoch,
-                "steps_into_epoch": position.steps_into_epoch,
-                "world_size": self.ctx.world_size,
-                **extra,
-            }
             _write_json(partial / META_FILE, meta)
             if final.exists():  # same step saved twice (e.g. end of epoch == every_steps)
                 shutil.rmtree(final)
             partial.rename(final)  # the commit
             self._prune()
         barrier()
-        return final
 
     def _prune(self) -> None:
         """Delete what neither the latest-K nor the best-K rule keeps (after a commit only)."""

@@ -179,6 +179,8 @@ class CheckpointConfig(Section):
     """Save at the end of every this many epochs."""
     keep_latest: Annotated[int, Field(gt=0)] = 2
     """Committed checkpoints to keep; older ones are deleted only after a newer one commits."""
+    asynchronous: bool = False
+    """Write shards in the background (dcp.async_save) while training continues."""
     keep_best: Annotated[int, Field(ge=0)] = 0
     """Also keep this many best checkpoints by ``best_metric`` (as of their save)."""
     best_metric: Literal["val/loss", "val/acc", "val/top5", "val/f1"] = "val/loss"

@@ -9,7 +9,12 @@ import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.multiprocessing.spawn import ProcessException
 
-from convoy.checkpoint import PARTIAL_PREFIX, checkpoint_root, committed_checkpoints
+from convoy.checkpoint import (
+    PARTIAL_PREFIX,
+    checkpoint_root,
+    committed_checkpoints,
+    partial_checkpoints,
+)
 from convoy.config import Job, load_job
 from convoy.distributed import WorkerContext
 from convoy.engine.faults import InjectedFault
@@ -113,3 +118,45 @@ def test_reshard_two_rank_fsdp2_to_one_rank_single(tmp_path: Path) -> None:
     assert summary["resumed_from"].endswith(f"step_{TOTAL_STEPS:08d}")
     for key in ("test/acc", "test/loss", "test/f1"):
         assert summary["metrics"][key] == pytest.approx(summaries[0]["metrics"][key], rel=1e-5)
+
+
+def consolidated(checkpoint: Path, target: Path) -> dict:
+    dcp_to_torch_save(checkpoint, target)
+    return torch.load(target, weights_only=True)
+
+
+def assert_same_state(a: object, b: object) -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert isinstance(b, dict) and a.keys() == b.keys()
+        for key in a:
+            assert_same_state(a[key], b[key])
+    elif isinstance(a, list | tuple):
+        assert isinstance(b, list | tuple) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_same_state(x, y)
+    else:
+        assert a == b
+
+
+def test_async_save_writes_what_a_sync_save_writes(tmp_path: Path) -> None:
+    """Background writes (dcp.async_save) while training goes on: the same bytes per step."""
+    sync = resume_job(tmp_path, "ddp", 2, "run.name=sync", "checkpoint.keep_latest=3")
+    background = resume_job(
+        tmp_path,
+        "ddp",
+        2,
+        "run.name=async",
+        "checkpoint.keep_latest=3",
+        "checkpoint.asynchronous=true",
+    )
+    run_on_gloo(train_on_rank, 2, sync)
+    run_on_gloo(train_on_rank, 2, background)
+    names = [p.name for p in committed_checkpoints(background.run_dir)]
+    assert names == ["step_00000005", "step_00000010", f"step_{TOTAL_STEPS:08d}"]
+    assert partial_checkpoints(background.run_dir) == []
+    for name in names[:2]:  # the two written in the background
+        expected = consolidated(checkpoint_root(sync.run_dir) / name, tmp_path / f"s{name}.pt")
+        got = consolidated(checkpoint_root(background.run_dir) / name, tmp_path / f"a{name}.pt")
+        assert_same_state(expected, got)

@@ -103,7 +103,11 @@ class TrainState:
         return Position(self.step, epoch, self.steps_into_epoch)
 
     def save_checkpoint(
-        self, epoch: int, steps_per_epoch: int, metrics: dict[str, float] | None = None
+        self,
+        epoch: int,
+        steps_per_epoch: int,
+        metrics: dict[str, float] | None = None,
+        asynchronous: bool = False,
     ) -> None:
         """Save unless checkpointing is off or this step is saved already."""
         if self.checkpoints is None or self.last_saved_step == self.step:
@@ -115,9 +119,8 @@ class TrainState:
             "job": self.job_record,
             "metrics": metrics or self.latest_metrics,
         }
-        self.checkpoints.save(
-            self.position(epoch, steps_per_epoch), self.model, self.optimizer, extra
-        )
+        position = self.position(epoch, steps_per_epoch)
+        self.checkpoints.save(position, self.model, self.optimizer, extra, asynchronous)
         self.last_saved_step = self.step
 
 
@@ -209,10 +212,13 @@ def _run_epochs(
         final |= values
         state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
-            state.save_checkpoint(epoch, steps_per_epoch)
+            state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
     final |= _evaluate(state, loaders["test"], "test", ctx)
     # The final checkpoint records the test metrics, so an export can be checked against them.
+    # It is synchronous, and first commits any background save still in flight.
     state.save_checkpoint(last_epoch, steps_per_epoch, metrics=final)
+    if state.checkpoints is not None:
+        state.checkpoints.wait()
     outputs.log({"kind": "test", "step": state.step, **final})
     return final
 
@@ -332,7 +338,7 @@ def _train_epoch(
             _log_step(state, epoch, loss, outputs, progress)
         every = job.checkpoint.every_steps
         if every and state.step % every == 0 and state.step < total_steps:
-            state.save_checkpoint(epoch, steps_per_epoch)
+            state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
         maybe_inject(job.fault, state.step, state.rank, state.attempt)
 
 
