@@ -18,10 +18,12 @@ checkpoint is unpickled: DCP tensors load as tensors, the rest is JSON.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import random
 import re
 import shutil
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,9 +33,11 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
 from convoy.distributed import WorkerContext, barrier, is_distributed
+from convoy.errors import ConvoyError
 
 CHECKPOINT_DIR = "checkpoints"
 PARTIAL_PREFIX = ".partial-"
@@ -105,6 +109,10 @@ class BestPolicy:
         return [path for _, path in scored[: self.count]]
 
 
+class CheckpointStorageError(ConvoyError):
+    """Writing a checkpoint failed (no space, permissions, unreachable storage)."""
+
+
 class CheckpointManager:
     """Saves and restores one run's checkpoints; every rank calls every method."""
 
@@ -137,8 +145,9 @@ class CheckpointManager:
         root = checkpoint_root(self.run_dir)
         partial, final = root / f"{PARTIAL_PREFIX}{name}", root / name
         if self.ctx.is_main:
-            shutil.rmtree(partial, ignore_errors=True)  # a leftover from a crashed attempt
-            partial.mkdir(parents=True)
+            with self._storage_errors(partial):
+                shutil.rmtree(partial, ignore_errors=True)  # a leftover from a crashed attempt
+                partial.mkdir(parents=True)
         barrier()
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
@@ -159,9 +168,24 @@ class CheckpointManager:
             )
             self._pending = (future, meta, partial, final)
             return final
-        dcp.save(state, checkpoint_id=partial, no_dist=not is_distributed())
+        with self._storage_errors(partial):
+            dcp.save(state, checkpoint_id=partial, no_dist=not is_distributed())
         self._commit(meta, partial, final)
         return final
+
+    @contextlib.contextmanager
+    def _storage_errors(self, partial: Path) -> Iterator[None]:
+        """Turn a storage failure into one clear error; committed checkpoints are untouched."""
+        try:
+            yield
+        except (OSError, CheckpointException) as exc:
+            latest = committed_checkpoints(self.run_dir)
+            kept = latest[-1].name if latest else "none yet"
+            raise CheckpointStorageError(
+                f"checkpoint: cannot write {partial} ({type(exc).__name__}: {exc}); "
+                f"committed checkpoints are intact (latest: {kept}); "
+                "check free space and permissions of run.storage_dir"
+            ) from None
 
     def wait(self) -> None:
         """Finish and commit a pending asynchronous save (every rank calls this)."""

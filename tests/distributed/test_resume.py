@@ -11,6 +11,7 @@ from torch.multiprocessing.spawn import ProcessException
 
 from convoy.checkpoint import (
     PARTIAL_PREFIX,
+    CheckpointStorageError,
     checkpoint_root,
     committed_checkpoints,
     partial_checkpoints,
@@ -160,3 +161,21 @@ def test_async_save_writes_what_a_sync_save_writes(tmp_path: Path) -> None:
         expected = consolidated(checkpoint_root(sync.run_dir) / name, tmp_path / f"s{name}.pt")
         got = consolidated(checkpoint_root(background.run_dir) / name, tmp_path / f"a{name}.pt")
         assert_same_state(expected, got)
+
+
+def test_storage_failure_is_clear_and_keeps_committed_checkpoints(tmp_path: Path) -> None:
+    """A save that cannot write fails with one clear error; step 5 still loads and resumes."""
+    job = resume_job(tmp_path, "single", 1, "run.name=storage")
+    # Block the step-10 save: a plain file where its partial directory must be created.
+    root = checkpoint_root(job.run_dir)
+    root.mkdir(parents=True)
+    (root / f"{PARTIAL_PREFIX}step_00000010").write_text("in the way")
+    with pytest.raises(CheckpointStorageError) as failure:
+        train(job, WorkerContext())
+    message = str(failure.value)
+    assert "cannot write" in message and ".partial-step_00000010" in message
+    assert "committed checkpoints are intact (latest: step_00000005)" in message
+    (root / f"{PARTIAL_PREFIX}step_00000010").unlink()
+    summary = train(job, WorkerContext())  # resumes from the intact step-5 checkpoint
+    assert summary["resumed_from"].endswith("step_00000005")
+    assert summary["steps"] == TOTAL_STEPS
