@@ -29,17 +29,21 @@ examples:
 """
 
 
-def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("recipe", nargs="?", help="YAML recipe; the built-in defaults if omitted")
+def _add_override_arg(parser: argparse.ArgumentParser, example: str) -> None:
     parser.add_argument(
         "-o",
         "--override",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="override a config field by its dotted path, e.g. -o optim.lr=3e-4 "
+        help=f"override a config field by its dotted path, e.g. -o {example} "
         "(values are parsed as YAML; repeat for several)",
     )
+
+
+def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("recipe", nargs="?", help="YAML recipe; the built-in defaults if omitted")
+    _add_override_arg(parser, "optim.lr=3e-4")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -92,14 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on the job's dataset; prints them beside the metrics recorded at training time.",
     )
     evaluate.add_argument("export", help="a directory written by convoy export")
-    evaluate.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override the recorded job, e.g. -o data.path=/new/place",
-    )
+    _add_override_arg(evaluate, "data.path=/new/place")
 
     commands.add_parser(
         "list",

@@ -18,7 +18,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from convoy.checkpoint import META_FILE, committed_checkpoints
-from convoy.config import Job, job_from_dict
+from convoy.config import Job, apply_overrides, job_from_dict
 from convoy.errors import ConvoyError
 
 WEIGHTS_FILE = "model.safetensors"
@@ -89,11 +89,8 @@ def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> d
     from convoy.strategies.single import SingleStrategy
 
     model, description = load_exported(export_dir)
-    data = job_from_dict(description["job"])
-    if overrides:  # e.g. the dataset moved: -o data.path=...
-        from convoy.config import apply_overrides
-
-        data = job_from_dict(apply_overrides(description["job"], overrides))
+    # Overrides fix what moved since training, e.g. -o data.path=...
+    data = job_from_dict(apply_overrides(description["job"], overrides or []))
     splits = load_splits(data.data)
     device = torch.device("cpu")
     loader = eval_loader(splits.test, data.data.eval_batch_size, 1, 0)

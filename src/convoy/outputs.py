@@ -26,7 +26,7 @@ def write_config(job: Job) -> Path:
     """Create the run directory and save the resolved config; returns the directory."""
     run_dir = job.run_dir
     run_dir.mkdir(parents=True, exist_ok=True)
-    _atomic_write(run_dir / CONFIG_FILE, job_to_yaml(job))
+    atomic_write(run_dir / CONFIG_FILE, job_to_yaml(job))
     return run_dir
 
 
@@ -58,10 +58,10 @@ class RunOutputs:
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.enabled:
-            _atomic_write(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
+            atomic_write(self.run_dir / SUMMARY_FILE, json.dumps(summary, indent=2))
 
 
-def _atomic_write(path: Path, text: str) -> None:
+def atomic_write(path: Path, text: str) -> None:
     """Write to a temporary sibling and rename, so readers never see half a file."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)

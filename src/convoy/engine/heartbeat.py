@@ -19,6 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from convoy.distributed import barrier, exit_without_teardown
+from convoy.outputs import atomic_write
 
 HEARTBEAT_DIR = "heartbeats"
 
@@ -29,13 +30,10 @@ class Heartbeat:
     def __init__(self, run_dir: Path, rank: int) -> None:
         self.path = run_dir / HEARTBEAT_DIR / f"rank{rank}.json"
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.started = self.finished = 0
 
     def beat(self, started: int, finished: int) -> None:
-        self.started, self.finished = started, finished
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps({"started": started, "finished": finished, "time": time.time()}))
-        tmp.replace(self.path)
+        record = {"started": started, "finished": finished, "time": time.time()}
+        atomic_write(self.path, json.dumps(record))
 
 
 def read_heartbeats(run_dir: Path, world_size: int) -> dict[int, dict[str, float]]:
