@@ -27,11 +27,12 @@ import torch
 import torch.nn.functional as F
 
 import convoy
-from convoy.checkpoint import CheckpointManager, Position, committed_checkpoints
+from convoy.checkpoint import CheckpointManager, Position, checkpoint_root, committed_checkpoints
 from convoy.config import load_job
 from convoy.distributed import WorkerContext
 from convoy.models.registry import build_model, count_parameters
 from convoy.outputs import read_metrics
+from convoy.storage import RunStorage
 
 REPO = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -65,11 +66,12 @@ def time_saves(label: str, repeats: int, root: Path) -> dict[str, float]:
     model, optimizer = model_with_optimizer_state(name, kwargs, shape)
     sync_s, async_block_s, async_total_s, load_s, size = [], [], [], [], 0
     for i in range(repeats):
-        manager = CheckpointManager(root / f"{name}-{i}", WorkerContext(), keep_latest=4)
+        run_dir = root / f"{name}-{i}"
+        manager = CheckpointManager(RunStorage.at(run_dir), WorkerContext(), keep_latest=4)
         start = time.perf_counter()
-        path = manager.save(Position(1, 0, 1), model, optimizer, {})
+        saved = manager.save(Position(1, 0, 1), model, optimizer, {})
         sync_s.append(time.perf_counter() - start)
-        size = directory_bytes(path)
+        size = directory_bytes(checkpoint_root(run_dir) / saved)
         start = time.perf_counter()
         manager.save(Position(2, 0, 2), model, optimizer, {}, asynchronous=True)
         async_block_s.append(time.perf_counter() - start)

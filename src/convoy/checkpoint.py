@@ -1,19 +1,20 @@
-"""Sharded checkpoints with an atomic commit, and exact resume.
+"""Sharded checkpoints with an atomic commit, and exact resume, on local disk or S3.
 
-Layout under ``<run_dir>/checkpoints/``::
+Layout under ``<run>/checkpoints/`` (``<run>`` is a local directory or an ``s3://`` prefix)::
 
-    step_00000120/            committed: visible only once every shard and meta.json exist
+    step_00000120/            one checkpoint per saved step
         __0_0.distcp ...      model + optimizer via torch.distributed.checkpoint (DCP)
         .metadata
-        meta.json             step, epoch, position in the epoch, LR schedule, grad scaler
         rng_rank0.json ...    every rank's RNG states
-    .partial-step_00000150/   being written (or left by a crash): never loaded
+        meta.json             written last, by rank 0, after every rank's files are in place:
+                              the commit. step, epoch, position in the epoch, LR schedule...
 
-A checkpoint is written under a ``.partial-`` name and renamed into place by rank 0 after a
-barrier, so a crash mid-save leaves the previous committed checkpoint as the latest. Model and
-optimizer go through ``get_state_dict`` / ``set_state_dict``, which give the same keys for
-every strategy, so DCP can reshard (2-rank fsdp2 -> 1-rank single, ddp -> fsdp2). Nothing in a
-checkpoint is unpickled: DCP tensors load as tensors, the rest is JSON.
+A directory without ``meta.json`` is a save that never finished (a crash, a kill, a full disk):
+it is never loaded, and the run says it skipped it. On local disk DCP writes in place; on S3
+each rank writes to a local staging directory and uploads its own files before the commit.
+Model and optimizer go through ``get_state_dict`` / ``set_state_dict``, which give the same
+keys for every strategy, so DCP can reshard (2-rank fsdp2 -> 1-rank single, ddp -> fsdp2).
+Nothing in a checkpoint is unpickled: DCP tensors load as tensors, the rest is JSON.
 """
 
 from __future__ import annotations
@@ -23,7 +24,8 @@ import json
 import random
 import re
 import shutil
-from collections.abc import Iterator
+import tempfile
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,11 +40,13 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from convoy.distributed import WorkerContext, barrier, is_distributed
 from convoy.errors import ConvoyError
+from convoy.storage import RunStorage, is_remote
 
 CHECKPOINT_DIR = "checkpoints"
-PARTIAL_PREFIX = ".partial-"
 META_FILE = "meta.json"
-_COMMITTED = re.compile(r"^step_(\d{8})$")
+_STEP_NAME = re.compile(r"^step_(\d{8})$")
+
+RunLocation = str | Path | RunStorage
 
 
 @dataclass(frozen=True)
@@ -54,24 +58,59 @@ class Position:
     steps_into_epoch: int
 
 
+def checkpoint_name(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoint_path(name: str) -> str:
+    """A checkpoint's path relative to the run directory."""
+    return f"{CHECKPOINT_DIR}/{name}"
+
+
 def checkpoint_root(run_dir: Path) -> Path:
     return run_dir / CHECKPOINT_DIR
 
 
-def committed_checkpoints(run_dir: Path) -> list[Path]:
-    """Committed checkpoints, oldest first."""
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    found = [p for p in root.iterdir() if p.is_dir() and _COMMITTED.match(p.name)]
-    return sorted(found, key=lambda p: p.name)
+def _storage(run: RunLocation) -> RunStorage:
+    return run if isinstance(run, RunStorage) else RunStorage.at(run)
 
 
-def partial_checkpoints(run_dir: Path) -> list[Path]:
-    root = checkpoint_root(run_dir)
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.name.startswith(PARTIAL_PREFIX))
+def _saved_steps(storage: RunStorage) -> list[str]:
+    return [n for n in storage.list_dirs(CHECKPOINT_DIR) if _STEP_NAME.match(n)]
+
+
+def committed_checkpoints(run: RunLocation) -> list[str]:
+    """Names of the committed checkpoints of a run, oldest first."""
+    storage = _storage(run)
+    return [n for n in _saved_steps(storage) if storage.exists(f"{checkpoint_path(n)}/{META_FILE}")]
+
+
+def partial_checkpoints(run: RunLocation) -> list[str]:
+    """Names of checkpoints whose save never committed."""
+    storage = _storage(run)
+    return [
+        n for n in _saved_steps(storage) if not storage.exists(f"{checkpoint_path(n)}/{META_FILE}")
+    ]
+
+
+def read_meta(run: RunLocation, name: str) -> dict[str, Any]:
+    meta: dict[str, Any] = json.loads(
+        _storage(run).read_text(f"{checkpoint_path(name)}/{META_FILE}")
+    )
+    return meta
+
+
+@contextlib.contextmanager
+def local_copy(run: RunLocation, name: str) -> Iterator[Path]:
+    """A checkpoint as a local directory: in place on local disk, downloaded from S3."""
+    storage = _storage(run)
+    path = storage.local_path(checkpoint_path(name))
+    if path is not None:
+        yield path
+        return
+    with tempfile.TemporaryDirectory(prefix=f"convoy-{name}-") as tmp:
+        storage.download(checkpoint_path(name), Path(tmp))
+        yield Path(tmp)
 
 
 def _rng_state() -> dict[str, Any]:
@@ -99,31 +138,54 @@ class BestPolicy:
     metric: str
     mode: str
 
-    def select(self, checkpoints: list[Path]) -> list[Path]:
+    def select(self, metas: dict[str, dict[str, Any]]) -> list[str]:
         scored = []
-        for path in checkpoints:
-            value = json.loads((path / META_FILE).read_text()).get("metrics", {}).get(self.metric)
+        for name, meta in metas.items():
+            value = meta.get("metrics", {}).get(self.metric)
             if value is not None:
-                scored.append((value, path))
+                scored.append((value, name))
         scored.sort(key=lambda item: item[0], reverse=self.mode == "max")
-        return [path for _, path in scored[: self.count]]
+        return [name for _, name in scored[: self.count]]
 
 
 class CheckpointStorageError(ConvoyError):
     """Writing a checkpoint failed (no space, permissions, unreachable storage)."""
 
 
+CheckpointReporter = Callable[[str, dict[str, Any]], None]
+"""Called on every rank after a commit with the checkpoint's path relative to the run
+directory and its metrics (the Ray launcher hands it to ``ray.train.report``)."""
+
+
+@dataclass
+class _PendingSave:
+    future: Any
+    meta: dict[str, Any]
+    name: str
+    written_to: Path
+
+
 class CheckpointManager:
-    """Saves and restores one run's checkpoints; every rank calls every method."""
+    """Saves and restores one run's checkpoints; every rank calls every method.
+
+    ``reporter`` hands each committed checkpoint to the launcher. A launcher that reports
+    checkpoints (Ray Train) also owns their retention, so then this manager deletes nothing.
+    """
 
     def __init__(
-        self, run_dir: Path, ctx: WorkerContext, keep_latest: int, best: BestPolicy | None = None
+        self,
+        storage: RunStorage,
+        ctx: WorkerContext,
+        keep_latest: int,
+        best: BestPolicy | None = None,
+        reporter: CheckpointReporter | None = None,
     ) -> None:
-        self.run_dir = run_dir
+        self.storage = storage
         self.ctx = ctx
         self.keep_latest = keep_latest
         self.best = best
-        self._pending: tuple[Any, dict[str, Any], Path, Path] | None = None
+        self.reporter = reporter
+        self._pending: _PendingSave | None = None
         self._group: Any = None
 
     def save(
@@ -133,25 +195,26 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer,
         extra: dict[str, Any],
         asynchronous: bool = False,
-    ) -> Path:
-        """Write every rank's shards, then commit atomically; returns the checkpoint's path.
+    ) -> str:
+        """Write every rank's shards, then commit; returns the checkpoint's name.
 
         With ``asynchronous`` the state is staged to CPU memory now and written by a
         background thread while training goes on; the commit happens in ``wait()``, which the
         next save (and the end of training) calls first.
         """
         self.wait()
-        name = f"step_{position.step:08d}"
-        root = checkpoint_root(self.run_dir)
-        partial, final = root / f"{PARTIAL_PREFIX}{name}", root / name
+        name = checkpoint_name(position.step)
         if self.ctx.is_main:
-            with self._storage_errors(partial):
-                shutil.rmtree(partial, ignore_errors=True)  # a leftover from a crashed attempt
-                partial.mkdir(parents=True)
+            with self._storage_errors(name):
+                # A leftover of a crashed attempt, or the same step saved again.
+                self._delete(name)
         barrier()
+        written_to = self.storage.local_path(checkpoint_path(name)) or self._staging_dir(name)
+        with self._storage_errors(name):
+            written_to.mkdir(parents=True, exist_ok=True)
+            _write_json(written_to / f"rng_rank{self.ctx.rank}.json", _rng_state())
         model_state, optim_state = get_state_dict(model, optimizer)
         state = {"model": model_state, "optim": optim_state}
-        _write_json(partial / f"rng_rank{self.ctx.rank}.json", _rng_state())
         meta = {
             "step": position.step,
             "epoch": position.epoch,
@@ -162,39 +225,60 @@ class CheckpointManager:
         if asynchronous:
             future = dcp.async_save(
                 state,
-                checkpoint_id=partial,
+                checkpoint_id=written_to,
                 process_group=self._background_group(),
                 no_dist=not is_distributed(),
             )
-            self._pending = (future, meta, partial, final)
-            return final
-        with self._storage_errors(partial):
-            dcp.save(state, checkpoint_id=partial, no_dist=not is_distributed())
-        self._commit(meta, partial, final)
-        return final
-
-    @contextlib.contextmanager
-    def _storage_errors(self, partial: Path) -> Iterator[None]:
-        """Turn a storage failure into one clear error; committed checkpoints are untouched."""
-        try:
-            yield
-        except (OSError, CheckpointException) as exc:
-            latest = committed_checkpoints(self.run_dir)
-            kept = latest[-1].name if latest else "none yet"
-            raise CheckpointStorageError(
-                f"checkpoint: cannot write {partial} ({type(exc).__name__}: {exc}); "
-                f"committed checkpoints are intact (latest: {kept}); "
-                "check free space and permissions of run.storage_dir"
-            ) from None
+            self._pending = _PendingSave(future, meta, name, written_to)
+            return name
+        with self._storage_errors(name):
+            dcp.save(state, checkpoint_id=written_to, no_dist=not is_distributed())
+        self._publish(meta, name, written_to)
+        return name
 
     def wait(self) -> None:
         """Finish and commit a pending asynchronous save (every rank calls this)."""
         if self._pending is None:
             return
-        future, meta, partial, final = self._pending
-        self._pending = None
-        future.result()
-        self._commit(meta, partial, final)
+        pending, self._pending = self._pending, None
+        with self._storage_errors(pending.name):
+            pending.future.result()
+        self._publish(pending.meta, pending.name, pending.written_to)
+
+    def _staging_dir(self, name: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"convoy-{name}-rank{self.ctx.rank}-"))
+
+    def _publish(self, meta: dict[str, Any], name: str, written_to: Path) -> None:
+        """Upload this rank's files if they were staged, commit, and report the commit."""
+        if self.storage.local_path(checkpoint_path(name)) is None:
+            with self._storage_errors(name):
+                self.storage.upload(written_to, checkpoint_path(name))
+            shutil.rmtree(written_to, ignore_errors=True)
+        self._commit(meta, name)
+        if self.reporter is not None:
+            self.reporter(checkpoint_path(name), meta.get("metrics", {}))
+
+    @contextlib.contextmanager
+    def _storage_errors(self, name: str) -> Iterator[None]:
+        """Turn a storage failure into one clear error; committed checkpoints are untouched."""
+        try:
+            yield
+        except (OSError, CheckpointException) as exc:
+            try:
+                found = committed_checkpoints(self.storage)
+                kept = found[-1] if found else "none yet"
+            except OSError:
+                kept = "unknown: the storage cannot be listed either"
+            hint = (
+                "check that the S3 endpoint is reachable and the credentials can write there"
+                if is_remote(self.storage.uri)
+                else "check free space and permissions of run.storage_dir"
+            )
+            raise CheckpointStorageError(
+                f"checkpoint: cannot write {self.storage.uri}/{checkpoint_path(name)} "
+                f"({type(exc).__name__}: {_first_line(exc)}); committed checkpoints are intact "
+                f"(latest: {kept}); {hint}"
+            ) from None
 
     def _background_group(self) -> Any:
         # Background writes run collectives of their own; on the training group they could
@@ -203,51 +287,63 @@ class CheckpointManager:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
-    def _commit(self, meta: dict[str, Any], partial: Path, final: Path) -> None:
-        barrier()  # every rank's shards and RNG file are on disk
+    def _commit(self, meta: dict[str, Any], name: str) -> None:
+        barrier()  # every rank's shards and RNG file are in place
         if self.ctx.is_main:
-            _write_json(partial / META_FILE, meta)
-            if final.exists():  # same step saved twice (e.g. end of epoch == every_steps)
-                shutil.rmtree(final)
-            partial.rename(final)  # the commit
-            self._prune()
+            with self._storage_errors(name):
+                self.storage.write_text(f"{checkpoint_path(name)}/{META_FILE}", json.dumps(meta))
+            if self.reporter is None:
+                self._prune()
         barrier()
+
+    def _delete(self, name: str) -> None:
+        # The commit marker goes first: a deletion cut short leaves a partial, never a
+        # committed checkpoint with missing shards.
+        self.storage.delete(f"{checkpoint_path(name)}/{META_FILE}")
+        self.storage.delete(checkpoint_path(name))
 
     def _prune(self) -> None:
         """Delete what neither the latest-K nor the best-K rule keeps (after a commit only)."""
-        found = committed_checkpoints(self.run_dir)
+        found = committed_checkpoints(self.storage)
         keep = set(found[-self.keep_latest :])
         if self.best is not None:
-            keep |= set(self.best.select(found))
+            keep |= set(self.best.select({n: read_meta(self.storage, n) for n in found}))
         for old in found:
             if old not in keep:
-                shutil.rmtree(old, ignore_errors=True)
+                self._delete(old)
 
     def load_latest(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer
-    ) -> tuple[Path, dict[str, Any]] | None:
-        """Restore model, optimizer and (same world size) RNG from the latest committed checkpoint.
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, preferred: str | None = None
+    ) -> tuple[str, dict[str, Any]] | None:
+        """Restore model, optimizer and (same world size) RNG from a committed checkpoint.
 
-        Returns its path and meta, or None when there is none. The caller restores the LR
-        schedule, grad scaler and data position from the meta.
+        That is ``preferred`` (a name) if it is committed, else the latest. Returns its name
+        and meta, or None when there is none. The caller restores the LR schedule, grad scaler
+        and data position from the meta.
         """
-        checkpoints = committed_checkpoints(self.run_dir)
-        if not checkpoints:
+        found = committed_checkpoints(self.storage)
+        if not found:
             return None
-        path = checkpoints[-1]
+        name = preferred if preferred in found else found[-1]
+        meta = read_meta(self.storage, name)
         model_state, optim_state = get_state_dict(model, optimizer)
-        dcp.load(
-            {"model": model_state, "optim": optim_state},
-            checkpoint_id=path,
-            no_dist=not is_distributed(),
-        )
+        with local_copy(self.storage, name) as path:
+            dcp.load(
+                {"model": model_state, "optim": optim_state},
+                checkpoint_id=path,
+                no_dist=not is_distributed(),
+            )
+            rng_file = path / f"rng_rank{self.ctx.rank}.json"
+            rng = json.loads(rng_file.read_text()) if rng_file.exists() else None
         # dcp.load fills the given state dicts in place.
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
-        meta = json.loads((path / META_FILE).read_text())
-        rng_file = path / f"rng_rank{self.ctx.rank}.json"
-        if meta["world_size"] == self.ctx.world_size and rng_file.exists():
-            _set_rng_state(json.loads(rng_file.read_text()))
-        return path, meta
+        if meta["world_size"] == self.ctx.world_size and rng is not None:
+            _set_rng_state(rng)
+        return name, meta
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else ""
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:

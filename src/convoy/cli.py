@@ -82,12 +82,18 @@ def build_parser() -> argparse.ArgumentParser:
         description="Consolidate a run's checkpoint (sharded by any strategy and world size) "
         "into one single-device model.safetensors plus model.json, loadable with plain PyTorch.",
     )
-    export.add_argument("run", help="the run directory, <run.storage_dir>/<run.name>")
+    export.add_argument(
+        "run", help="the run directory, <run.storage_dir>/<run.name> (a path or s3:// URI)"
+    )
     export.add_argument(
         "--checkpoint", help="a checkpoint name like step_00000312 (default: latest)"
     )
     export.add_argument("--format", choices=["safetensors"], default="safetensors")
-    export.add_argument("--out", help="output directory (default: <run>/export/<checkpoint>)")
+    export.add_argument(
+        "--out",
+        help="output directory (default: <run>/export/<checkpoint>; for an s3:// run, "
+        "./export/<run name>/<checkpoint>)",
+    )
 
     evaluate = commands.add_parser(
         "evaluate",
@@ -124,11 +130,16 @@ def cmd_export(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from convoy.export import export_checkpoint, find_checkpoint
+    from convoy.storage import is_remote
 
-    run_dir = Path(args.run)
-    checkpoint = find_checkpoint(run_dir, args.checkpoint)
-    out = Path(args.out) if args.out else run_dir / "export" / checkpoint.name
-    print(f"exported {checkpoint.name} to {export_checkpoint(run_dir, out, checkpoint.name)}")
+    checkpoint = find_checkpoint(args.run, args.checkpoint)
+    if args.out:
+        out = Path(args.out)
+    elif is_remote(args.run):  # next to where the command runs: exports are local files
+        out = Path("export") / args.run.rstrip("/").rsplit("/", 1)[-1] / checkpoint
+    else:
+        out = Path(args.run) / "export" / checkpoint
+    print(f"exported {checkpoint} to {export_checkpoint(args.run, out, checkpoint)}")
     return 0
 
 

@@ -151,7 +151,8 @@ class RunConfig(Section):
     name: str | None = None
     """Run directory name; unnamed runs get ``<model>-<data>-<strategy>-<timestamp>``."""
     storage_dir: str = "runs"
-    """Root for run outputs: ``<storage_dir>/<name>/``."""
+    """Root for run outputs, ``<storage_dir>/<name>/``: a local or shared (NFS) path, or
+    ``s3://bucket/prefix`` (an S3-compatible server via ``AWS_ENDPOINT_URL``)."""
     seed: int = 0
     epochs: Annotated[int, Field(gt=0)] = 1
     max_steps: Annotated[int, Field(gt=0)] | None = None
@@ -164,6 +165,16 @@ class RunConfig(Section):
     """Timeout of one collective operation (the process group's timeout)."""
     hang_timeout_s: Annotated[float, Field(gt=0)] | None = None
     """Fail the attempt, naming the stuck rank(s), when a rank makes no progress this long."""
+
+    @field_validator("storage_dir")
+    @classmethod
+    def _local_or_s3(cls, value: str) -> str:
+        scheme = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", value)
+        if scheme and scheme.group(1) != "s3":
+            raise ValueError("allowed: a local or shared path, or s3://bucket/prefix")
+        if not re.match(r"^s3://[^/]+", value) and value.startswith("s3:"):
+            raise ValueError("an s3:// location needs a bucket: s3://bucket/prefix")
+        return value
 
     @field_validator("progress", mode="before")
     @classmethod
@@ -224,9 +235,20 @@ class Job(Section):
         return self
 
     @property
+    def run_uri(self) -> str:
+        """``<storage_dir>/<name>``: an absolute local path or an ``s3://`` URI (launchers name
+        unnamed runs first)."""
+        name = self.run.name or "unnamed"
+        if self.run.storage_dir.startswith("s3://"):
+            return f"{self.run.storage_dir.rstrip('/')}/{name}"
+        return str(Path(self.run.storage_dir).expanduser().resolve() / name)
+
+    @property
     def run_dir(self) -> Path:
-        """``<storage_dir>/<name>`` as an absolute path (launchers name unnamed runs first)."""
-        return Path(self.run.storage_dir).expanduser().resolve() / (self.run.name or "unnamed")
+        """The run directory on this machine's file system; for local storage only."""
+        if self.run.storage_dir.startswith("s3://"):
+            raise ValueError(f"run.storage_dir: {self.run.storage_dir!r} is not a local path")
+        return Path(self.run_uri)
 
 
 def check_job(job: Job) -> None:
@@ -254,6 +276,20 @@ def check_job(job: Job) -> None:
         )
     if job.fault.kind != "none" and job.fault.rank >= workers:
         raise ConfigError("fault.rank", job.fault.rank, f"ranks are 0..{workers - 1}")
+    if (
+        job.scaling.launcher == "ray"
+        and job.checkpoint.keep_best
+        and job.checkpoint.keep_latest > 1
+    ):
+        # Under Ray, Ray Train's checkpoint manager owns retention: the best K by a score,
+        # plus the latest one. Convoy's "latest K and best K" cannot be expressed there.
+        raise ConfigError(
+            "checkpoint.keep_latest",
+            job.checkpoint.keep_latest,
+            f"with checkpoint.keep_best {job.checkpoint.keep_best} under scaling.launcher 'ray', "
+            "Ray Train keeps the best K plus only the latest checkpoint; set keep_latest: 1 "
+            "(or keep_best: 0)",
+        )
     if job.scaling.launcher == "local" and workers > 1:
         raise ConfigError(
             "scaling.num_workers",
@@ -361,6 +397,8 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
         return ConfigError(field + ".name", err["ctx"]["tag"], one_of(STRATEGY_NAMES))
     if kind == "missing":
         return ConfigError(field, None, "this field is required")
+    if kind == "value_error":  # our own validators: the message is the allowed clause
+        return ConfigError(field, value, str(err["ctx"]["error"]))
     return ConfigError(field, value, err["msg"][0].lower() + err["msg"][1:])
 
 

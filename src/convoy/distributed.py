@@ -11,6 +11,7 @@ import os
 import resource
 import socket
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NoReturn
 
@@ -31,6 +32,10 @@ class WorkerContext:
     """How to create the process group if the launcher has not (``env://``, ``tcp://``)."""
     store_namespace: str | None = None
     """With ``env://``: a key prefix in the launcher's store, unique to this attempt."""
+    checkpoint_reporter: Callable[[str, dict[str, Any]], None] | None = None
+    """Hands each committed checkpoint (path relative to the run, metrics) to the launcher."""
+    resume_from: str | None = None
+    """The checkpoint the launcher says to resume from (relative to the run), if any."""
 
     @property
     def is_main(self) -> bool:

@@ -17,7 +17,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from convoy.checkpoint import META_FILE, committed_checkpoints
+from convoy.checkpoint import checkpoint_path, committed_checkpoints, local_copy, read_meta
 from convoy.config import Job, apply_overrides, job_from_dict
 from convoy.errors import ConvoyError
 
@@ -25,18 +25,16 @@ WEIGHTS_FILE = "model.safetensors"
 MODEL_FILE = "model.json"
 
 
-def find_checkpoint(run_dir: Path, checkpoint: str | None) -> Path:
-    """The named committed checkpoint of a run, or its latest."""
-    found = committed_checkpoints(run_dir)
+def find_checkpoint(run: str | Path, checkpoint: str | None) -> str:
+    """The name of the given committed checkpoint of a run (local or ``s3://``), or its latest."""
+    found = committed_checkpoints(run)
     if not found:
-        raise ConvoyError(f"RUN: {str(run_dir)!r} has no committed checkpoints")
+        raise ConvoyError(f"RUN: {str(run)!r} has no committed checkpoints")
     if checkpoint is None:
         return found[-1]
-    for path in found:
-        if path.name == checkpoint:
-            return path
-    names = ", ".join(p.name for p in found)
-    raise ConvoyError(f"--checkpoint: got {checkpoint!r}; this run has: {names}")
+    if checkpoint in found:
+        return checkpoint
+    raise ConvoyError(f"--checkpoint: got {checkpoint!r}; this run has: {', '.join(found)}")
 
 
 def _build(job: Job, data_shape: dict[str, int]) -> nn.Module:
@@ -45,20 +43,21 @@ def _build(job: Job, data_shape: dict[str, int]) -> nn.Module:
     return build_model(job.model.name, job.model.kwargs, data_shape)
 
 
-def export_checkpoint(run_dir: Path, out_dir: Path, checkpoint: str | None = None) -> Path:
+def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = None) -> Path:
     """Write ``model.safetensors`` + ``model.json`` for a checkpoint; returns ``out_dir``."""
     from safetensors.torch import save_file
 
-    path = find_checkpoint(run_dir, checkpoint)
-    meta = json.loads((path / META_FILE).read_text())
+    name = find_checkpoint(run, checkpoint)
+    meta = read_meta(run, name)
     job = job_from_dict(meta["job"])  # the job that wrote this checkpoint
     model = _build(job, meta["data_shape"])
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
+    with local_copy(run, name) as path:
+        dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / WEIGHTS_FILE))
     description = {
-        "checkpoint": str(path),
+        "checkpoint": f"{str(run).rstrip('/')}/{checkpoint_path(name)}",
         "step": meta["step"],
         "data_shape": meta["data_shape"],
         "metrics": meta.get("metrics", {}),

@@ -10,7 +10,6 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 from torch.multiprocessing.spawn import ProcessException
 
 from convoy.checkpoint import (
-    PARTIAL_PREFIX,
     CheckpointStorageError,
     checkpoint_root,
     committed_checkpoints,
@@ -48,9 +47,9 @@ def resume_job(root: Path, strategy: str, workers: int, *extra: str) -> Job:
 def final_model(job: Job, tmp: Path) -> dict[str, torch.Tensor]:
     """The last committed checkpoint's model, consolidated, loaded without unpickling code."""
     latest = committed_checkpoints(job.run_dir)[-1]
-    assert latest.name == f"step_{TOTAL_STEPS:08d}"
+    assert latest == f"step_{TOTAL_STEPS:08d}"
     target = tmp / f"{job.run.name}.pt"
-    dcp_to_torch_save(latest, target)
+    dcp_to_torch_save(checkpoint_root(job.run_dir) / latest, target)
     return torch.load(target, weights_only=True)["model"]
 
 
@@ -80,7 +79,7 @@ def test_resume_is_bitwise_exact(strategy: str, workers: int, tmp_path: Path) ->
     with pytest.raises(expected_error):
         run(stopped, workers)
     # Step 5 committed; the fault came after step 7, before the step-10 save.
-    assert [p.name for p in committed_checkpoints(stopped.run_dir)] == ["step_00000005"]
+    assert committed_checkpoints(stopped.run_dir) == ["step_00000005"]
 
     run(stopped, workers)  # the same run name again: resumes from step 5
     expected, resumed = final_model(straight, tmp_path), final_model(stopped, tmp_path)
@@ -96,14 +95,14 @@ def test_partial_checkpoint_is_skipped(tmp_path: Path, capsys: pytest.CaptureFix
     )
     train(job, WorkerContext())
     # Simulate a crash during the next save: shards of step 10 written, no commit.
-    partial = checkpoint_root(job.run_dir) / f"{PARTIAL_PREFIX}step_00000010"
+    partial = checkpoint_root(job.run_dir) / "step_00000010"
     partial.mkdir()
     (partial / "__0_0.distcp").write_bytes(b"half a shard")
     capsys.readouterr()
     longer = resume_job(tmp_path, "single", 1, "run.name=partial", "run.progress=plain")
     summary = train(longer, WorkerContext())
     out = capsys.readouterr().out
-    assert "skipped .partial-step_00000010: its save never committed" in out
+    assert "skipped step_00000010: its save never committed (no meta.json)" in out
     assert "resumed from step_00000005" in out
     assert summary["resumed_from"].endswith("step_00000005")
     assert summary["steps"] == TOTAL_STEPS
@@ -154,7 +153,7 @@ def test_async_save_writes_what_a_sync_save_writes(tmp_path: Path) -> None:
     )
     run_on_gloo(train_on_rank, 2, sync)
     run_on_gloo(train_on_rank, 2, background)
-    names = [p.name for p in committed_checkpoints(background.run_dir)]
+    names = committed_checkpoints(background.run_dir)
     assert names == ["step_00000005", "step_00000010", f"step_{TOTAL_STEPS:08d}"]
     assert partial_checkpoints(background.run_dir) == []
     for name in names[:2]:  # the two written in the background
@@ -166,16 +165,19 @@ def test_async_save_writes_what_a_sync_save_writes(tmp_path: Path) -> None:
 def test_storage_failure_is_clear_and_keeps_committed_checkpoints(tmp_path: Path) -> None:
     """A save that cannot write fails with one clear error; step 5 still loads and resumes."""
     job = resume_job(tmp_path, "single", 1, "run.name=storage")
-    # Block the step-10 save: a plain file where its partial directory must be created.
+    # Block the step-10 save: its directory is a link the save may not delete or write
+    # through (root ignores permissions, so a read-only directory would not stop it).
     root = checkpoint_root(job.run_dir)
     root.mkdir(parents=True)
-    (root / f"{PARTIAL_PREFIX}step_00000010").write_text("in the way")
+    blocker = tmp_path / "elsewhere"
+    blocker.mkdir()
+    (root / "step_00000010").symlink_to(blocker, target_is_directory=True)
     with pytest.raises(CheckpointStorageError) as failure:
         train(job, WorkerContext())
     message = str(failure.value)
-    assert "cannot write" in message and ".partial-step_00000010" in message
+    assert "cannot write" in message and "checkpoints/step_00000010" in message
     assert "committed checkpoints are intact (latest: step_00000005)" in message
-    (root / f"{PARTIAL_PREFIX}step_00000010").unlink()
+    (root / "step_00000010").unlink()
     summary = train(job, WorkerContext())  # resumes from the intact step-5 checkpoint
     assert summary["resumed_from"].endswith("step_00000005")
     assert summary["steps"] == TOTAL_STEPS

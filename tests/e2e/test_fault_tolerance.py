@@ -63,7 +63,7 @@ def test_a_third_kill_fails_clearly_and_keeps_checkpoints(tmp_path: Path, ray_se
         convoy.train(job)
     assert (job.run_dir / ".attempts").read_text() == "3"
     checkpoints = committed_checkpoints(job.run_dir)
-    assert [p.name for p in checkpoints] == ["step_00000020"]
+    assert checkpoints == ["step_00000020"]
     for checkpoint in checkpoints:  # every committed checkpoint still loads
-        out = export_checkpoint(job.run_dir, tmp_path / checkpoint.name, checkpoint.name)
+        out = export_checkpoint(job.run_dir, tmp_path / checkpoint, checkpoint)
         assert load_file(str(out / WEIGHTS_FILE))

@@ -6,10 +6,12 @@ import os
 import signal
 import sys
 import time
-from pathlib import Path
 
 from convoy.config import FaultConfig
 from convoy.distributed import all_gather_objects
+from convoy.storage import RunStorage
+
+ATTEMPTS_FILE = ".attempts"
 
 
 class InjectedFault(RuntimeError):
@@ -31,12 +33,12 @@ def maybe_inject(cfg: FaultConfig, step: int, rank: int, attempt: int) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def next_attempt(run_dir: Path, is_main: bool) -> int:
+def next_attempt(storage: RunStorage, is_main: bool) -> int:
     """Count this start of the run (1 for the first); every rank gets rank 0's count."""
-    counter = run_dir / ".attempts"
     attempt = 0
     if is_main:
-        attempt = (int(counter.read_text()) if counter.exists() else 0) + 1
-        run_dir.mkdir(parents=True, exist_ok=True)
-        counter.write_text(str(attempt))
+        attempt = (
+            int(storage.read_text(ATTEMPTS_FILE)) if storage.exists(ATTEMPTS_FILE) else 0
+        ) + 1
+        storage.write_text(ATTEMPTS_FILE, str(attempt))
     return int(all_gather_objects(attempt)[0])

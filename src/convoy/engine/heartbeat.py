@@ -6,22 +6,32 @@ collective, checks every rank's file. When one has not changed for ``run.hang_ti
 names the stuck rank(s): those that have not started the step their peers are waiting in.
 Then it ends the attempt, so the failure policy (Ray's ``max_failures``, torchrun's
 ``--max-restarts``) restarts it from the last checkpoint. This needs a file system every rank
-sees (one node, or shared storage).
+sees: the run directory (one node, or shared storage); for ``s3://`` runs, a directory under
+the node's temp dir, which limits hang detection to one node there.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from convoy.config import Job
 from convoy.distributed import barrier, exit_without_teardown
-from convoy.outputs import atomic_write
+from convoy.storage import atomic_write, is_remote
 
 HEARTBEAT_DIR = "heartbeats"
+
+
+def heartbeat_dir(job: Job) -> Path:
+    """Where heartbeats go: the run directory, or the node's temp dir when that is remote."""
+    if is_remote(job.run_uri):
+        return Path(tempfile.gettempdir()) / "convoy" / (job.run.name or "unnamed")
+    return job.run_dir
 
 
 class Heartbeat:

@@ -23,7 +23,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from convoy.checkpoint import BestPolicy, CheckpointManager, Position, partial_checkpoints
+from convoy.checkpoint import (
+    META_FILE,
+    BestPolicy,
+    CheckpointManager,
+    Position,
+    checkpoint_path,
+    partial_checkpoints,
+)
 from convoy.config import Job
 from convoy.data.base import Splits
 from convoy.data.loaders import eval_loader, train_loader
@@ -39,13 +46,14 @@ from convoy.distributed import (
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
 from convoy.engine.faults import maybe_inject, next_attempt
-from convoy.engine.heartbeat import Heartbeat, hang_watch
+from convoy.engine.heartbeat import Heartbeat, hang_watch, heartbeat_dir
 from convoy.engine.progress import Progress, format_epoch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.errors import ConfigError
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model, count_parameters
 from convoy.outputs import RunOutputs
+from convoy.storage import RunStorage
 from convoy.strategies import Strategy, build_strategy
 from convoy.strategies.base import dtype_from_name
 
@@ -155,18 +163,21 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         total_steps = min(total_steps, job.run.max_steps)
     state = _build_state(job, ctx, splits, strategy, total_steps)
     state.timers = timers
-    outputs = RunOutputs(job.run_dir, enabled=ctx.is_main)
+    storage = RunStorage.at(job.run_uri)
+    outputs = RunOutputs(storage, enabled=ctx.is_main)
     progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
     if job.fault.kind != "none":
-        state.attempt = next_attempt(job.run_dir, ctx.is_main)
-    start = _restore(job, ctx, state, progress)
+        state.attempt = next_attempt(storage, ctx.is_main)
+    start = _restore(job, ctx, state, storage, progress)
     progress.line(
         f"convoy: {job.model.name} ({count_parameters(strategy.unwrap(state.model)):,} params on "
         f"rank 0) | {job.data.name}: {len(splits.train)} train / {len(splits.val)} val / "
         f"{len(splits.test)} test | {job.strategy.name} x {ctx.world_size} | {job.precision} | "
         f"global batch {job.data.batch_size} | {total_steps} steps"
     )
-    watch = hang_watch(job.run_dir, ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s)
+    watch = hang_watch(
+        heartbeat_dir(job), ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s
+    )
     with watch as state.heartbeat:
         steps = (steps_per_epoch, total_steps)
         final = _run_epochs(job, ctx, state, loaders, start, steps, outputs, progress)
@@ -223,30 +234,40 @@ def _run_epochs(
     return final
 
 
-def _restore(job: Job, ctx: WorkerContext, state: TrainState, progress: Progress) -> Position:
-    """Resume from the latest committed checkpoint, if checkpointing and resume are on."""
+def _restore(
+    job: Job, ctx: WorkerContext, state: TrainState, storage: RunStorage, progress: Progress
+) -> Position:
+    """Resume from the latest committed checkpoint, if checkpointing and resume are on.
+
+    A launcher may name the checkpoint (Ray Train's ``get_checkpoint()``); otherwise the
+    latest committed one in the run directory is used, so every launcher resumes from the
+    same layout.
+    """
     if not job.checkpoint.enabled:
         return Position(0, 0, 0)
     cfg = job.checkpoint
     best = BestPolicy(cfg.keep_best, cfg.best_metric, cfg.best_mode) if cfg.keep_best else None
-    state.checkpoints = CheckpointManager(job.run_dir, ctx, cfg.keep_latest, best)
-    for partial in partial_checkpoints(job.run_dir):
-        progress.line(f"convoy: skipped {partial.name}: its save never committed")
+    state.checkpoints = CheckpointManager(
+        storage, ctx, cfg.keep_latest, best, reporter=ctx.checkpoint_reporter
+    )
+    for partial in partial_checkpoints(storage):
+        progress.line(f"convoy: skipped {partial}: its save never committed (no {META_FILE})")
+    preferred = ctx.resume_from.rsplit("/", 1)[-1] if ctx.resume_from else None
     restored = (
-        state.checkpoints.load_latest(state.model, state.optimizer)
+        state.checkpoints.load_latest(state.model, state.optimizer, preferred)
         if job.checkpoint.resume
         else None
     )
     if restored is None:
         return Position(0, 0, 0)
-    path, meta = restored
+    name, meta = restored
     state.scheduler.load_state_dict(meta["scheduler"])
     if meta["scaler"]:
         state.precision.scaler.load_state_dict(meta["scaler"])
     state.step = state.last_saved_step = meta["step"]
-    state.resumed_from = str(path)
+    state.resumed_from = f"{storage.uri}/{checkpoint_path(name)}"
     progress.line(
-        f"convoy: resumed from {path.name} (step {meta['step']}, epoch {meta['epoch'] + 1}, "
+        f"convoy: resumed from {name} (step {meta['step']}, epoch {meta['epoch'] + 1}, "
         f"{meta['steps_into_epoch']} steps into it; saved by {meta['world_size']} rank(s))"
     )
     return Position(meta["step"], meta["epoch"], meta["steps_into_epoch"])

@@ -18,14 +18,23 @@ import torch
 
 from convoy.config import Job
 from convoy.errors import ResourceError
+from convoy.storage import is_remote
 
 
 @dataclass(frozen=True)
 class RunResult:
     """Where a finished run lives and its summary (see ``convoy.outputs``)."""
 
-    run_dir: Path
+    run_uri: str
+    """The run directory: an absolute local path or an ``s3://`` URI."""
     summary: dict[str, Any]
+
+    @property
+    def run_dir(self) -> Path:
+        """The run directory on this machine (local storage only)."""
+        if is_remote(self.run_uri):
+            raise ValueError(f"the run is stored at {self.run_uri}, not on a local path")
+        return Path(self.run_uri)
 
 
 class Launcher(ABC):
@@ -43,7 +52,10 @@ def resolve_run(job: Job) -> Job:
     worker (whatever its working directory: Ray's workers run elsewhere) and every restart
     agree on the directory.
     """
-    updates: dict[str, str] = {"storage_dir": str(job.run_dir.parent)}
+    storage_dir = job.run.storage_dir
+    updates: dict[str, str] = {
+        "storage_dir": storage_dir if is_remote(storage_dir) else str(job.run_dir.parent)
+    }
     if job.run.name is None:
         model = re.sub(r"[^A-Za-z0-9_]+", "_", job.model.name)
         stamp = time.strftime("%Y%m%d-%H%M%S")

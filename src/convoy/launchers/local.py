@@ -19,8 +19,8 @@ class LocalLauncher(Launcher):
     def launch(self, job: Job) -> RunResult:
         job = resolve_run(job)
         check_local_gpus(job, workers_on_this_node=1)
-        run_dir = write_config(job)
+        storage = write_config(job)
         ctx = WorkerContext(
             device=local_device(job, 0), init_method=f"tcp://127.0.0.1:{free_port()}"
         )
-        return RunResult(run_dir, train(job, ctx))
+        return RunResult(storage.uri, train(job, ctx))

@@ -9,6 +9,7 @@ other launchers work without it.
 
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -108,10 +109,29 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     return True
 
 
+def checkpoint_config(job: Job) -> Any:
+    """Ray Train's retention for the checkpoints Convoy reports (Ray owns it under Ray).
+
+    keep_latest K maps to ``num_to_keep=K``; keep_best K to the best K by the metric, which
+    Ray keeps together with the latest one (config validation refuses keep_latest > 1 then).
+    """
+    from ray.train import CheckpointConfig
+
+    cfg = job.checkpoint
+    if not cfg.keep_best:
+        return CheckpointConfig(num_to_keep=cfg.keep_latest)
+    return CheckpointConfig(
+        num_to_keep=cfg.keep_best,
+        checkpoint_score_attribute=cfg.best_metric,
+        checkpoint_score_order=cfg.best_mode,
+    )
+
+
 def build_trainer(job: Job) -> Any:
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
+    storage_path, _, name = job.run_uri.rpartition("/")
     return TorchTrainer(
         train_loop_per_worker=ray_worker_main,
         train_loop_config={"job": job.model_dump(mode="json")},
@@ -125,9 +145,10 @@ def build_trainer(job: Job) -> Any:
             resources_per_worker=worker_resources(job),
         ),
         run_config=RunConfig(
-            name=job.run.name,
-            storage_path=str(job.run_dir.parent),
+            name=name,
+            storage_path=storage_path,
             failure_config=FailureConfig(max_failures=job.scaling.max_failures),
+            checkpoint_config=checkpoint_config(job),
         ),
     )
 
@@ -144,12 +165,12 @@ class RayLauncher(Launcher):
         started = ensure_ray(ray, self.cluster)
         try:
             check_cluster_resources(job, alive_node_resources(ray))
-            run_dir = write_config(job)
+            storage = write_config(job)
             _fit(build_trainer(job))
         finally:
             if started:
                 ray.shutdown()
-        return RunResult(run_dir, read_summary(run_dir))
+        return RunResult(storage.uri, read_summary(storage.uri))
 
 
 def _fit(trainer: Any) -> Any:
@@ -191,7 +212,49 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         world_size=context.get_world_size(),
         local_world_size=context.get_local_world_size(),
         device=get_device() if job.scaling.use_gpu else torch.device("cpu"),
+        checkpoint_reporter=functools.partial(report_checkpoint, job),
+        resume_from=_ray_latest_checkpoint(),
     )
     summary = train(job, ctx)
     # report() is a barrier every rank calls once; rank 0's copy reaches Result.metrics.
     ray.train.report({k: v for k, v in summary["metrics"].items()})
+
+
+def report_checkpoint(job: Job, relative_path: str, metrics: dict[str, float]) -> None:
+    """Register a committed checkpoint with Ray Train (every rank calls this once per save).
+
+    Convoy has already written every rank's shards and the commit marker into the run
+    directory, which is Ray's experiment directory, so Ray uploads nothing (``NO_UPLOAD``); it
+    records the checkpoint (``Result.checkpoint``, ``get_checkpoint()`` on a restart) and
+    applies the retention of ``checkpoint_config``. Reporting only after the commit keeps
+    Ray from deleting an older checkpoint before the newer one is complete.
+    """
+    import ray.train
+    from ray.train import Checkpoint, CheckpointUploadMode
+
+    storage = ray.train.get_context().get_storage()
+    checkpoint = Checkpoint(
+        path=f"{storage.experiment_fs_path}/{relative_path}",
+        filesystem=storage.storage_filesystem,
+    )
+    score = job.checkpoint.best_metric
+    # A checkpoint without the ranking metric (saved before the first evaluation) ranks last.
+    worst = float("inf") if job.checkpoint.best_mode == "min" else float("-inf")
+    ray.train.report(
+        {**metrics, score: metrics.get(score, worst), "checkpoint": relative_path},
+        checkpoint=checkpoint,
+        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+    )
+
+
+def _ray_latest_checkpoint() -> str | None:
+    """Ray Train's latest registered checkpoint, relative to the run directory."""
+    import ray.train
+
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is None:
+        return None
+    storage = ray.train.get_context().get_storage()
+    prefix = storage.experiment_fs_path.rstrip("/") + "/"
+    path = str(checkpoint.path)
+    return path[len(prefix) :] if path.startswith(prefix) else path

@@ -12,10 +12,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import traceback
 from pathlib import Path
 
-from convoy.config import Job, load_job
+from convoy.config import Job, job_to_yaml, load_job
 from convoy.distributed import WorkerContext, exit_without_teardown, free_port
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, resolve_run
@@ -73,14 +74,17 @@ class TorchrunLauncher(Launcher):
     def launch(self, job: Job) -> RunResult:
         job = resolve_run(job)
         check_local_gpus(job, workers_on_this_node=procs_per_node(job))
-        run_dir = write_config(job)
-        command = torchrun_command(job, run_dir / CONFIG_FILE)
-        returncode = subprocess.call(command)
+        storage = write_config(job)
+        with tempfile.TemporaryDirectory(prefix="convoy-torchrun-") as scratch:
+            # Workers read the resolved config from a local file, wherever the run is stored.
+            config_path = Path(scratch) / CONFIG_FILE
+            config_path.write_text(job_to_yaml(job))
+            returncode = subprocess.call(torchrun_command(job, config_path))
         if returncode != 0:
             raise LaunchError(
                 f"torchrun exited with code {returncode}; the workers' output is above"
             )
-        return RunResult(run_dir, read_summary(run_dir))
+        return RunResult(storage.uri, read_summary(storage.uri))
 
 
 def worker_context_from_env(job: Job) -> WorkerContext:
