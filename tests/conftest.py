@@ -31,7 +31,22 @@ def _restore_global_state():
 
 
 @pytest.fixture(scope="session")
-def ray_session():
+def s3():
+    """A moto S3 server on loopback behind a proxy a test can cut; ``AWS_*`` points at it.
+
+    Session-wide and started before Ray, so Ray's workers inherit the endpoint.
+    """
+    pytest.importorskip("moto")
+    from s3server import start_s3
+
+    server = start_s3("convoy")
+    os.environ.update(server.env)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_session(s3):
     """One embedded Ray for the whole session; train workers take fractional CPUs."""
     ray = pytest.importorskip("ray")
     from convoy.launchers.ray import EMBEDDED_RAY_ENV

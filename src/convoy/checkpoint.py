@@ -40,7 +40,7 @@ from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_di
 
 from convoy.distributed import WorkerContext, barrier, is_distributed
 from convoy.errors import ConvoyError
-from convoy.storage import RunStorage, is_remote
+from convoy.storage import RunStorage, StorageError
 
 CHECKPOINT_DIR = "checkpoints"
 META_FILE = "meta.json"
@@ -269,15 +269,14 @@ class CheckpointManager:
                 kept = found[-1] if found else "none yet"
             except OSError:
                 kept = "unknown: the storage cannot be listed either"
-            hint = (
-                "check that the S3 endpoint is reachable and the credentials can write there"
-                if is_remote(self.storage.uri)
-                else "check free space and permissions of run.storage_dir"
-            )
+            if isinstance(exc, StorageError):
+                detail, hint = f"{exc.what}: {exc.detail}", exc.hint
+            else:
+                detail = f"{type(exc).__name__}: {_first_line(exc)}"
+                hint = "check free space and permissions of run.storage_dir"
             raise CheckpointStorageError(
                 f"checkpoint: cannot write {self.storage.uri}/{checkpoint_path(name)} "
-                f"({type(exc).__name__}: {_first_line(exc)}); committed checkpoints are intact "
-                f"(latest: {kept}); {hint}"
+                f"({detail}); committed checkpoints are intact (latest: {kept}); {hint}"
             ) from None
 
     def _background_group(self) -> Any:

@@ -9,23 +9,30 @@ S3-compatible server (MinIO, Ceph, moto). pyarrow is imported only for ``s3://``
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from convoy.errors import ConvoyError
 
 REMOTE_SCHEMES = ("s3://",)
+T = TypeVar("T")
 
 
 def is_remote(location: str | Path) -> bool:
     return str(location).startswith(REMOTE_SCHEMES)
 
 
-class StorageError(ConvoyError):
-    """The run's storage cannot be reached or written."""
+class StorageError(ConvoyError, OSError):
+    """The run's storage cannot be reached or written (an ``OSError`` like a disk's)."""
+
+    def __init__(self, what: str, detail: str, hint: str) -> None:
+        self.what, self.detail, self.hint = what, detail, hint
+        super().__init__(f"run.storage_dir: cannot {what} ({detail}); {hint}")
 
 
 class RunStorage(ABC):
@@ -122,6 +129,40 @@ class LocalStorage(RunStorage):
         shutil.copytree(self.local_path(rel), target, dirs_exist_ok=True)
 
 
+_VERBS = {
+    "exists": "reach",
+    "read_text": "read",
+    "write_text": "write",
+    "list_dirs": "list",
+    "delete": "delete",
+    "upload": "upload to",
+    "download": "download",
+}
+
+
+def _s3_errors(method: Callable[..., T]) -> Callable[..., T]:
+    """Turn pyarrow's S3 errors (after its own retries) into one clear ``StorageError``."""
+
+    @functools.wraps(method)
+    def wrapper(self: S3Storage, rel: Any, *args: Any) -> T:
+        try:
+            return method(self, rel, *args)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            target = f"{self.uri}/{args[0] if isinstance(rel, Path) else rel}"
+            endpoint = os.environ.get("AWS_ENDPOINT_URL", "AWS's default endpoint")
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise StorageError(
+                f"{_VERBS[method.__name__]} {target}",
+                detail,
+                f"check that the S3 endpoint ({endpoint}) is reachable and the credentials "
+                "can write there",
+            ) from None
+
+    return wrapper
+
+
 class S3Storage(RunStorage):
     """``s3://bucket/prefix`` through pyarrow's S3 file system."""
 
@@ -137,7 +178,7 @@ class S3Storage(RunStorage):
         try:
             fs, path = pafs.FileSystem.from_uri(self.uri)
         except (OSError, ValueError) as exc:
-            raise StorageError(f"run.storage_dir: cannot open {self.uri!r}: {exc}") from None
+            raise StorageError(f"open {self.uri}", str(exc), "check the URI") from None
         self.fs: Any = fs
         self.root: str = path
 
@@ -147,10 +188,12 @@ class S3Storage(RunStorage):
     def local_path(self, rel: str) -> None:
         return None
 
+    @_s3_errors
     def exists(self, rel: str) -> bool:
         info = self.fs.get_file_info(self._path(rel))
         return bool(info.type != self._pafs.FileType.NotFound)
 
+    @_s3_errors
     def read_text(self, rel: str) -> str:
         path = self._path(rel)
         if not self.exists(rel):
@@ -158,6 +201,7 @@ class S3Storage(RunStorage):
         with self.fs.open_input_stream(path) as stream:
             return bytes(stream.read()).decode()
 
+    @_s3_errors
     def write_text(self, rel: str, text: str) -> None:
         # One PUT: S3 makes an object visible whole or not at all.
         with self.fs.open_output_stream(self._path(rel)) as stream:
@@ -168,11 +212,13 @@ class S3Storage(RunStorage):
         existing = self.read_text(rel) if self.exists(rel) else ""
         self.write_text(rel, existing + text)
 
+    @_s3_errors
     def list_dirs(self, rel: str) -> list[str]:
         selector = self._pafs.FileSelector(self._path(rel), allow_not_found=True)
         infos = self.fs.get_file_info(selector)
         return sorted(i.base_name for i in infos if i.type == self._pafs.FileType.Directory)
 
+    @_s3_errors
     def delete(self, rel: str) -> None:
         path = self._path(rel)
         info = self.fs.get_file_info(path)
@@ -181,6 +227,7 @@ class S3Storage(RunStorage):
         elif info.type == self._pafs.FileType.File:
             self.fs.delete_file(path)
 
+    @_s3_errors
     def upload(self, source: Path, rel: str) -> None:
         self._pafs.copy_files(
             str(source),
@@ -189,6 +236,7 @@ class S3Storage(RunStorage):
             destination_filesystem=self.fs,
         )
 
+    @_s3_errors
     def download(self, rel: str, target: Path) -> None:
         target.mkdir(parents=True, exist_ok=True)
         self._pafs.copy_files(

@@ -119,6 +119,13 @@ BAD_INPUTS = [
     (["fault.kind=freeze"], "fault.kind", "'none', 'raise', 'kill' or 'hang'"),
     (["checkpoint.keep_latest=0"], "checkpoint.keep_latest", "greater than 0"),
     (["model.name=no_such_pkg.mod:factory"], "model.name", "could not import"),
+    (["run.storage_dir=gs://bucket/runs"], "run.storage_dir", "or s3://bucket/prefix"),
+    (["run.storage_dir=s3:///runs"], "run.storage_dir", "needs a bucket"),
+    (
+        ["scaling.launcher=ray", "checkpoint.keep_best=2", "checkpoint.keep_latest=2"],
+        "checkpoint.keep_latest",
+        "plus only the latest checkpoint; set keep_latest: 1",
+    ),
 ]
 
 

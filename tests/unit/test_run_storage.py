@@ -1,0 +1,85 @@
+"""RunStorage on local disk and on a real S3-compatible server (moto on loopback), and the
+checkpoint manager's choice of what to resume from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from convoy.checkpoint import CheckpointManager, Position, committed_checkpoints
+from convoy.distributed import WorkerContext
+from convoy.storage import RunStorage, StorageError
+
+
+@pytest.fixture(params=["local", "s3"])
+def storage(request: pytest.FixtureRequest, tmp_path: Path) -> RunStorage:
+    if request.param == "local":
+        return RunStorage.at(tmp_path / "run")
+    request.getfixturevalue("s3")
+    return RunStorage.at(f"s3://convoy/unit/{request.node.originalname}")
+
+
+def test_files_and_directories(storage: RunStorage, tmp_path: Path) -> None:
+    assert not storage.exists("a.txt")
+    with pytest.raises(FileNotFoundError):
+        storage.read_text("a.txt")
+    storage.write_text("a.txt", "one")
+    storage.write_text("a.txt", "two")  # replaced whole
+    storage.append_text("log.jsonl", "1\n")
+    storage.append_text("log.jsonl", "2\n")
+    assert storage.read_text("a.txt") == "two"
+    assert storage.read_text("log.jsonl") == "1\n2\n"
+
+    source = tmp_path / "source"
+    (source / "nested").mkdir(parents=True)
+    (source / "x.bin").write_bytes(b"\x00\x01")
+    (source / "nested" / "y.txt").write_text("y")
+    storage.upload(source, "dirs/first")
+    storage.upload(source, "dirs/second")
+    assert storage.list_dirs("dirs") == ["first", "second"]
+    assert storage.list_dirs("missing") == []
+    storage.download("dirs/first", tmp_path / "back")
+    assert (tmp_path / "back" / "x.bin").read_bytes() == b"\x00\x01"
+    assert (tmp_path / "back" / "nested" / "y.txt").read_text() == "y"
+
+    storage.delete("dirs/first")
+    storage.delete("dirs/never-was")  # nothing to do, no error
+    assert storage.list_dirs("dirs") == ["second"]
+
+
+def test_a_missing_bucket_is_a_clear_error(s3) -> None:  # type: ignore[no-untyped-def]
+    storage = RunStorage.at("s3://no-such-bucket/runs/x")
+    with pytest.raises(StorageError, match=r"cannot write s3://no-such-bucket/runs/x/config.yaml"):
+        storage.write_text("config.yaml", "x")
+
+
+def save_two(storage: RunStorage) -> tuple[nn.Linear, torch.optim.Optimizer, list[torch.Tensor]]:
+    torch.manual_seed(0)
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = CheckpointManager(storage, WorkerContext(), keep_latest=2)
+    weights = []
+    for step in (1, 2):
+        with torch.no_grad():
+            model.weight.add_(1.0)
+        weights.append(model.weight.detach().clone())
+        manager.save(Position(step, 0, step), model, optimizer, {})
+    return model, optimizer, weights
+
+
+def test_resume_prefers_the_checkpoint_the_launcher_names(storage: RunStorage) -> None:
+    """Ray Train's get_checkpoint() may name an older committed checkpoint than the latest."""
+    model, optimizer, weights = save_two(storage)
+    assert committed_checkpoints(storage) == ["step_00000001", "step_00000002"]
+    manager = CheckpointManager(storage, WorkerContext(), keep_latest=2)
+
+    restored = manager.load_latest(model, optimizer, preferred="step_00000001")
+    assert restored is not None and restored[0] == "step_00000001"
+    assert torch.equal(model.weight, weights[0])
+
+    restored = manager.load_latest(model, optimizer, preferred="step_00000009")  # not committed
+    assert restored is not None and restored[0] == "step_00000002"
+    assert torch.equal(model.weight, weights[1])
