@@ -1,60 +1,68 @@
 """Hang detection: per-rank heartbeats and a watchdog on rank 0.
 
-Each rank records, in ``<run>/heartbeats/rank<R>.json``, the step it last started and
-finished. Rank 0's watchdog thread, which still runs while its main thread is blocked in a
-collective, checks every rank's file. When one has not changed for ``run.hang_timeout_s`` it
+Each rank records the step it last started and finished in the process group's key-value
+store (the TCPStore every rank already reaches, on any node; a rank without peers keeps it in
+memory). Rank 0's watchdog thread, which still runs while its main thread is blocked in a
+collective, reads every rank's record. When one has not changed for ``run.hang_timeout_s`` it
 names the stuck rank(s): those that have not started the step their peers are waiting in.
 Then it ends the attempt, so the failure policy (Ray's ``max_failures``, torchrun's
-``--max-restarts``) restarts it from the last checkpoint. This needs a file system every rank
-sees: the run directory (one node, or shared storage); for ``s3://`` runs, a directory under
-the node's temp dir, which limits hang detection to one node there.
+``--max-restarts``) restarts it from the last checkpoint.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
+from typing import Any
 
-from convoy.config import Job
-from convoy.distributed import barrier, exit_without_teardown
-from convoy.storage import atomic_write, is_remote
+import torch.distributed as dist
 
-HEARTBEAT_DIR = "heartbeats"
+from convoy.distributed import barrier, exit_without_teardown, is_distributed
+
+KEY_PREFIX = "convoy/heartbeat/rank"
 
 
-def heartbeat_dir(job: Job) -> Path:
-    """Where heartbeats go: the run directory, or the node's temp dir when that is remote."""
-    if is_remote(job.run_uri):
-        return Path(tempfile.gettempdir()) / "convoy" / (job.run.name or "unnamed")
-    return job.run_dir
+class HeartbeatBoard:
+    """Where heartbeat records go: the process group's store, or memory without peers."""
+
+    def __init__(self) -> None:
+        # The default store is private API, but the one every rank already shares: no extra
+        # port, no shared file system, and a fresh one (or key prefix) per restarted attempt.
+        self.store: Any = dist.distributed_c10d._get_default_store() if is_distributed() else None
+        self.local: dict[int, str] = {}
+
+    def write(self, rank: int, record: dict[str, float]) -> None:
+        if self.store is None:
+            self.local[rank] = json.dumps(record)
+        else:
+            self.store.set(f"{KEY_PREFIX}{rank}", json.dumps(record))
+
+    def read(self, world_size: int) -> dict[int, dict[str, float]]:
+        beats = {}
+        for rank in range(world_size):
+            key = f"{KEY_PREFIX}{rank}"
+            if self.store is None:
+                text = self.local.get(rank)
+            else:
+                text = self.store.get(key).decode() if self.store.check([key]) else None
+            if text is not None:
+                beats[rank] = json.loads(text)
+        return beats
 
 
 class Heartbeat:
-    """This rank's heartbeat file."""
+    """This rank's heartbeat."""
 
-    def __init__(self, run_dir: Path, rank: int) -> None:
-        self.path = run_dir / HEARTBEAT_DIR / f"rank{rank}.json"
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+    def __init__(self, board: HeartbeatBoard, rank: int) -> None:
+        self.board = board
+        self.rank = rank
 
     def beat(self, started: int, finished: int) -> None:
         record = {"started": started, "finished": finished, "time": time.time()}
-        atomic_write(self.path, json.dumps(record))
-
-
-def read_heartbeats(run_dir: Path, world_size: int) -> dict[int, dict[str, float]]:
-    beats = {}
-    for rank in range(world_size):
-        path = run_dir / HEARTBEAT_DIR / f"rank{rank}.json"
-        try:
-            beats[rank] = json.loads(path.read_text())
-        except (OSError, ValueError):  # not written yet, or mid-replace
-            continue
-    return beats
+        self.board.write(self.rank, record)
 
 
 def diagnose(beats: dict[int, dict[str, float]], timeout_s: float, now: float) -> str | None:
@@ -84,16 +92,17 @@ def diagnose(beats: dict[int, dict[str, float]], timeout_s: float, now: float) -
 
 @contextlib.contextmanager
 def hang_watch(
-    run_dir: Path, rank: int, world_size: int, step: int, timeout_s: float | None
+    rank: int, world_size: int, step: int, timeout_s: float | None
 ) -> Iterator[Heartbeat | None]:
     """Heartbeat for this rank (None when hang detection is off) and rank 0's watchdog."""
     if timeout_s is None:
         yield None
         return
-    heartbeat = Heartbeat(run_dir, rank)
+    board = HeartbeatBoard()
+    heartbeat = Heartbeat(board, rank)
     heartbeat.beat(step, step)
-    barrier()  # every rank's first beat is on disk before anyone judges staleness
-    stop = start_watchdog(run_dir, world_size, timeout_s) if rank == 0 else None
+    barrier()  # every rank's first beat is recorded before anyone judges staleness
+    stop = start_watchdog(board, world_size, timeout_s) if rank == 0 else None
     try:
         yield heartbeat
     finally:
@@ -101,13 +110,13 @@ def hang_watch(
             stop.set()
 
 
-def start_watchdog(run_dir: Path, world_size: int, timeout_s: float) -> threading.Event:
+def start_watchdog(board: HeartbeatBoard, world_size: int, timeout_s: float) -> threading.Event:
     """Run the watchdog in a daemon thread; set the returned event to stop it."""
     stop = threading.Event()
 
     def watch() -> None:
         while not stop.wait(min(1.0, timeout_s / 4)):
-            report = diagnose(read_heartbeats(run_dir, world_size), timeout_s, time.time())
+            report = diagnose(board.read(world_size), timeout_s, time.time())
             if report is not None:
                 print(report, flush=True)
                 exit_without_teardown(1)

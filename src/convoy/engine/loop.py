@@ -46,7 +46,7 @@ from convoy.distributed import (
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
 from convoy.engine.faults import maybe_inject, next_attempt
-from convoy.engine.heartbeat import Heartbeat, hang_watch, heartbeat_dir
+from convoy.engine.heartbeat import Heartbeat, hang_watch
 from convoy.engine.progress import Progress, format_epoch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.errors import ConfigError
@@ -175,9 +175,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         f"{len(splits.test)} test | {job.strategy.name} x {ctx.world_size} | {job.precision} | "
         f"global batch {job.data.batch_size} | {total_steps} steps"
     )
-    watch = hang_watch(
-        heartbeat_dir(job), ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s
-    )
+    watch = hang_watch(ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s)
     with watch as state.heartbeat:
         steps = (steps_per_epoch, total_steps)
         final = _run_epochs(job, ctx, state, loaders, start, steps, outputs, progress)
