@@ -41,11 +41,32 @@ class ModelConfig(Section):
     default to the dataset's."""
 
 
+class RayDataConfig(Section):
+    """How the ``ray_data`` loader runs its preprocessing (``map_batches``) on CPU."""
+
+    compute: Literal["tasks", "actors"] = "tasks"
+    """tasks: stateless Ray tasks; actors: a pool of long-lived actors."""
+    concurrency: Annotated[int, Field(gt=0)] | None = None
+    """Most tasks at once, or the actor pool's size (default: Ray decides; 1 actor)."""
+    batch_size: Annotated[int, Field(gt=0)] = 256
+    """Rows per preprocessing batch."""
+    reserved_cpus: Annotated[float, Field(gt=0)] = 1.0
+    """CPUs kept free of train workers for the pipeline; train workers get fractions if needed."""
+    prefetch_batches: Annotated[int, Field(ge=0)] = 2
+    """Batches each train worker prefetches ahead of the step (iter_torch_batches)."""
+
+
 class DataConfig(Section):
     name: str = "digits"
-    """A registered dataset: digits, synthetic, cifar10, imagefolder."""
+    """A registered dataset: digits, synthetic, cifar10, imagefolder, parquet, numpy."""
     path: str | None = None
-    """Directory or archive for datasets read from disk (cifar10, imagefolder)."""
+    """Directory or archive for datasets read from disk (cifar10, imagefolder, parquet, numpy)."""
+    loader: Literal["torch", "ray_data"] = "torch"
+    """torch: a DataLoader in every worker; ray_data: a Ray Data pipeline streamed into the
+    Ray Train workers (needs scaling.launcher: ray)."""
+    on_bad_record: Literal["error", "skip"] = "error"
+    """An unreadable image: error names it and stops; skip leaves it out and reports it."""
+    ray_data: RayDataConfig = Field(default_factory=RayDataConfig)
     batch_size: Annotated[int, Field(gt=0)] = 64
     """Global training batch: split over workers and accumulation steps."""
     eval_batch_size: Annotated[int, Field(gt=0)] = 256
@@ -62,6 +83,8 @@ class DataConfig(Section):
     """Number of training samples (synthetic), or a cap on them (other datasets)."""
     augment_crop_padding: Annotated[int, Field(ge=0)] = 0
     """Training-only augmentation: pad by this many pixels and crop back at a random offset."""
+    augment_flip: bool = False
+    """Training-only augmentation: flip images horizontally with probability 1/2."""
 
 
 class OptimConfig(Section):
@@ -289,6 +312,13 @@ def check_job(job: Job) -> None:
             f"with checkpoint.keep_best {job.checkpoint.keep_best} under scaling.launcher 'ray', "
             "Ray Train keeps the best K plus only the latest checkpoint; set keep_latest: 1 "
             "(or keep_best: 0)",
+        )
+    if job.data.loader == "ray_data" and job.scaling.launcher != "ray":
+        raise ConfigError(
+            "data.loader",
+            "ray_data",
+            f"Ray Data streams into Ray Train workers, so it needs scaling.launcher: ray "
+            f"(got {job.scaling.launcher!r}); use data.loader: torch with that launcher",
         )
     if job.scaling.launcher == "local" and workers > 1:
         raise ConfigError(

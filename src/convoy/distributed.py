@@ -36,6 +36,9 @@ class WorkerContext:
     """Hands each committed checkpoint (path relative to the run, metrics) to the launcher."""
     resume_from: str | None = None
     """The checkpoint the launcher says to resume from (relative to the run), if any."""
+    data: Any = None
+    """Data the launcher prepared (a ``WorkerData`` of Ray Data shards); None: the engine
+    builds DataLoaders itself."""
 
     @property
     def is_main(self) -> bool:

@@ -66,7 +66,11 @@ def test_config_is_frozen() -> None:
 BAD_INPUTS = [
     (["strategy.name=zero3"], "strategy.name", "'ddp', 'fsdp', 'fsdp2', 'single'"),
     (["model.name=resnet"], "model.name", "'mlp', 'vit_course', 'vit_tiny'"),
-    (["data.name=mnist"], "data.name", "'cifar10', 'digits', 'imagefolder', 'synthetic'"),
+    (
+        ["data.name=mnist"],
+        "data.name",
+        "'cifar10', 'digits', 'imagefolder', 'numpy', 'parquet', 'synthetic'",
+    ),
     (["optim.wieght_decay=0.1"], "optim.wieght_decay", "did you mean 'weight_decay'"),
     (["optimizer.lr=0.1"], "optimizer", "did you mean 'optim'"),
     (["optim.lr=fast"], "optim.lr", "valid number"),

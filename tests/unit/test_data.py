@@ -178,7 +178,7 @@ def test_imagefolder_loads_sorted_classes_and_resizes(imagefolder: Path) -> None
     assert labels.tolist() == [0] * 6 + [1] * 6
     # class 0 is "dark" (sorted before "light"): darker pixels than class 1
     assert images[labels == 0].mean() < -0.5 < 0.5 < images[labels == 1].mean()
-    assert splits.test.files == splits.val.files  # no test/: test metrics come from val/
+    assert splits.test.records == splits.val.records  # no test/: test metrics come from val/
 
 
 def test_imagefolder_default_size_and_test_folder(imagefolder: Path) -> None:
@@ -186,14 +186,14 @@ def test_imagefolder_default_size_and_test_folder(imagefolder: Path) -> None:
     splits = load_splits(folder_cfg(imagefolder))
     assert splits.train[0][0].shape == (3, 32, 32)
     assert (len(splits.val), len(splits.test)) == (6, 3)
-    assert {label for _, label in splits.test.files} == {0}
+    assert {r.label for r in splits.test.records} == {0}
 
 
 def test_imagefolder_corrupt_image_names_the_file(imagefolder: Path) -> None:
     bad = imagefolder / "train" / "light" / "zz_corrupt.png"
     bad.write_bytes(b"these bytes are not an image")
     splits = load_splits(folder_cfg(imagefolder))  # listing is lazy: no error yet
-    index = [path for path, _ in splits.train.files].index(bad)
+    index = [r.path for r in splits.train.records].index(bad)
     splits.train[0]
     with pytest.raises(DataError, match=r"zz_corrupt\.png"):
         splits.train[index]
@@ -203,4 +203,4 @@ def test_imagefolder_train_size_caps_with_every_class(imagefolder: Path) -> None
     splits = load_splits(folder_cfg(imagefolder, train_size=6))
     assert len(splits.train) == 6
     assert len(splits.val) == 6
-    assert {label for _, label in splits.train.files} == {0, 1}
+    assert {r.label for r in splits.train.records} == {0, 1}

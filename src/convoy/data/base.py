@@ -20,6 +20,7 @@ class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         std: tuple[float, ...] | None = None,
         scale: float = 1.0,
         crop_padding: int = 0,
+        flip: bool = False,
     ) -> None:
         if len(images) != len(labels):
             raise ValueError(f"{len(images)} images but {len(labels)} labels")
@@ -27,6 +28,7 @@ class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         self.labels = labels.long()
         self.scale = scale
         self.crop_padding = crop_padding
+        self.flip = flip
         channels = images.shape[1]
         self.mean = torch.tensor(mean or (0.0,) * channels).view(-1, 1, 1)
         self.std = torch.tensor(std or (1.0,) * channels).view(-1, 1, 1)
@@ -36,16 +38,33 @@ class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
     def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         image = self.images[index].float() * self.scale
-        if self.crop_padding:  # before normalizing, so the padding is black, not the mean
-            image = random_crop(image, self.crop_padding)
+        # Before normalizing, so the padding is black, not the mean.
+        image = augment(image, self.crop_padding, self.flip)
         return (image - self.mean) / self.std, self.labels[index]
 
 
-def random_crop(image: torch.Tensor, padding: int) -> torch.Tensor:
-    """Zero-pad by ``padding`` and crop back at a random offset (a random shift)."""
+def augment(
+    image: torch.Tensor,
+    crop_padding: int,
+    flip: bool,
+    fill: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> torch.Tensor:
+    """Training augmentation of one (C, H, W) image: a random shift, a horizontal flip."""
+    if crop_padding:
+        image = random_crop(image, crop_padding, fill, generator)
+    if flip and torch.rand((), generator=generator).item() < 0.5:
+        image = image.flip(-1)
+    return image
+
+
+def random_crop(
+    image: torch.Tensor, padding: int, fill: float = 0.0, generator: torch.Generator | None = None
+) -> torch.Tensor:
+    """Pad by ``padding`` with ``fill`` and crop back at a random offset (a random shift)."""
     size_h, size_w = image.shape[-2:]
-    padded = torch.nn.functional.pad(image, (padding,) * 4)
-    top, left = torch.randint(0, 2 * padding + 1, (2,)).tolist()
+    padded = torch.nn.functional.pad(image, (padding,) * 4, value=fill)
+    top, left = torch.randint(0, 2 * padding + 1, (2,), generator=generator).tolist()
     return padded[..., top : top + size_h, left : left + size_w]
 
 
@@ -67,6 +86,8 @@ class Splits:
     num_classes: int
     in_channels: int
     image_size: int
+    skipped: tuple[str, ...] = ()
+    """Records left out under ``data.on_bad_record: skip``, with the reason."""
 
     @property
     def shape(self) -> dict[str, int]:

@@ -106,11 +106,12 @@ def load_cifar10(cfg: DataConfig) -> Splits:
     if cfg.train_size is not None:
         train_idx = train_idx[: cfg.train_size]
 
-    def subset(x: torch.Tensor, y: torch.Tensor, crop_padding: int = 0) -> TensorImageDataset:
-        return TensorImageDataset(x, y, MEAN, STD, 1 / 255.0, crop_padding)
+    def subset(x: torch.Tensor, y: torch.Tensor, train: bool = False) -> TensorImageDataset:
+        crop, flip = (cfg.augment_crop_padding, cfg.augment_flip) if train else (0, False)
+        return TensorImageDataset(x, y, MEAN, STD, 1 / 255.0, crop, flip)
 
     return Splits(
-        subset(images[train_idx], labels[train_idx], cfg.augment_crop_padding),
+        subset(images[train_idx], labels[train_idx], train=True),
         subset(images[val_idx], labels[val_idx]),
         subset(torch.from_numpy(test_images), torch.from_numpy(test_labels)),
         10,

@@ -2,57 +2,44 @@
 
 ``train/`` and ``val/`` are required; ``test/`` is used when present, otherwise the test
 metrics are computed on ``val/`` (said in the run log). Classes are the sorted folder names
-of ``train/``; every image is converted to RGB and resized to ``data.image_size`` (default 32).
+of ``train/``; every image is converted to RGB and resized to ``data.image_size`` (default 32)
+(see ``convoy.data.encoded``).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import torch
-from torch.utils.data import Dataset
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits
+from convoy.data.encoded import (
+    EncodedImageDataset,
+    ImageRecord,
+    apply_bad_record_policy,
+    check_labels,
+)
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError
 
 IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif", ".webp", ".ppm"}
 
 
-class ImageFolderDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
-    def __init__(self, files: list[tuple[Path, int]], image_size: int) -> None:
-        self.files = files
-        self.image_size = image_size
-
-    def __len__(self) -> int:
-        return len(self.files)
-
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
-        from PIL import Image
-
-        path, label = self.files[index]
-        try:
-            with Image.open(path) as img:
-                rgb = img.convert("RGB").resize((self.image_size, self.image_size))
-        except OSError as exc:
-            raise DataError(f"data.path: cannot read image {path}: {exc}") from None
-        array = torch.from_numpy(np.asarray(rgb, dtype=np.float32) / 255.0).permute(2, 0, 1)
-        return (array - 0.5) / 0.5, torch.tensor(label)
-
-
 def list_classes(root: Path) -> list[str]:
     return sorted(p.name for p in root.iterdir() if p.is_dir())
 
 
-def list_files(split_dir: Path, classes: list[str]) -> list[tuple[Path, int]]:
+def list_files(split_dir: Path, classes: list[str]) -> list[ImageRecord]:
+    """The split's images in ImageFolder order: classes sorted, files sorted within each."""
     files = []
     for label, name in enumerate(classes):
         folder = split_dir / name
         if folder.is_dir():
             files += [
-                (p, label) for p in sorted(folder.iterdir()) if p.suffix.lower() in IMAGE_SUFFIXES
+                ImageRecord(str(p), label, path=p)
+                for p in sorted(folder.iterdir())
+                if p.suffix.lower() in IMAGE_SUFFIXES
             ]
     return files
 
@@ -73,23 +60,39 @@ def load_imagefolder(cfg: DataConfig) -> Splits:
     classes = list_classes(root / "train")
     if not classes:
         raise DataError(f"data.path: {root / 'train'} has no class folders")
-    size = cfg.image_size or 32
     train = list_files(root / "train", classes)
-    if cfg.train_size is not None:  # a seeded random subset: the first files are one class
-        gen = torch.Generator().manual_seed(DATA_SEED)
-        keep = torch.randperm(len(train), generator=gen)[: cfg.train_size]
-        train = [train[i] for i in sorted(keep.tolist())]
     val = list_files(root / "val", classes)
     test_dir = root / "test" if (root / "test").is_dir() else root / "val"
     test = list_files(test_dir, classes)
     for split, files in (("train", train), ("val", val)):
         if not files:
             raise DataError(f"data.path: {root / split} holds no images ({sorted(IMAGE_SUFFIXES)})")
+    return encoded_splits(cfg, {"train": train, "val": val, "test": test}, len(classes))
+
+
+def encoded_splits(cfg: DataConfig, records: dict[str, list[ImageRecord]], classes: int) -> Splits:
+    """Splits of encoded images: the train_size cap, the bad-record policy, label checks."""
+    size = cfg.image_size or 32
+    train = records["train"]
+    if cfg.train_size is not None:  # a seeded random subset: the first files are one class
+        gen = torch.Generator().manual_seed(DATA_SEED)
+        keep = torch.randperm(len(train), generator=gen)[: cfg.train_size]
+        train = [train[i] for i in sorted(keep.tolist())]
+    skipped: list[str] = []
+    kept = {}
+    for split, split_records in (
+        ("train", train),
+        ("val", records["val"]),
+        ("test", records["test"]),
+    ):
+        check_labels(split_records, classes)
+        kept[split] = apply_bad_record_policy(split_records, cfg.on_bad_record, size, skipped)
     return Splits(
-        ImageFolderDataset(train, size),
-        ImageFolderDataset(val, size),
-        ImageFolderDataset(test, size),
-        len(classes),
+        EncodedImageDataset(kept["train"], size, cfg.augment_crop_padding, cfg.augment_flip),
+        EncodedImageDataset(kept["val"], size),
+        EncodedImageDataset(kept["test"], size),
+        classes,
         3,
         size,
+        skipped=tuple(dict.fromkeys(skipped)),  # val doubles as test: report each record once
     )

@@ -1,12 +1,87 @@
-"""DataLoaders for the torch path: exact global batches for training, padded shards for eval."""
+"""What the engine iterates, whichever loader feeds it.
+
+``TrainBatches``: this rank's micro-batches of one epoch, with a known length, started per
+epoch (and mid-epoch on resume). ``EvalBatches``: this rank's shard of an eval split padded
+to the same number of batches on every rank; the first ``num_real`` samples are genuine.
+``WorkerData`` bundles them with what the model needs to know about a sample.
+
+The ``torch`` loader implements them with DataLoaders over exact samplers (below); the
+``ray_data`` loader with Ray Data shards (``convoy.data.ray_data``).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 from torch.utils.data import DataLoader
 
-from convoy.data.base import SizedDataset
+from convoy.data.base import SizedDataset, Splits
 from convoy.data.samplers import GlobalBatchSampler, ShardedEvalSampler
+
+Batch = tuple[torch.Tensor, torch.Tensor]
+
+
+class TrainBatches(Protocol):
+    def __len__(self) -> int:
+        """Micro-batches of a whole epoch on this rank."""
+
+    def start_epoch(self, epoch: int, skip_steps: int = 0) -> None:
+        """Begin ``epoch``, after its first ``skip_steps`` global batches (resuming)."""
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+
+class EvalBatches(Protocol):
+    num_real: int
+    """Genuine samples on this rank; everything after them is padding."""
+
+    def __iter__(self) -> Iterator[Batch]: ...
+
+
+@dataclass
+class WorkerData:
+    """One worker's data: training and eval batches, and the shape of a sample."""
+
+    train: TrainBatches
+    val: EvalBatches
+    test: EvalBatches
+    shape: dict[str, int]
+    sizes: dict[str, int]
+    """Samples per split, over all ranks."""
+    skipped: tuple[str, ...] = field(default=())
+    """Records left out under ``data.on_bad_record: skip``."""
+
+
+class TorchTrainBatches:
+    """A DataLoader over ``GlobalBatchSampler``: exact global batches, seeded per epoch."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.sampler: GlobalBatchSampler = loader.sampler  # type: ignore[assignment]
+
+    def __len__(self) -> int:
+        return self.sampler.steps_per_epoch * self.sampler.share // self.loader.batch_size  # type: ignore[operator]
+
+    def start_epoch(self, epoch: int, skip_steps: int = 0) -> None:
+        self.sampler.set_epoch(epoch)
+        self.sampler.skip(skip_steps)
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.loader)
+
+
+class TorchEvalBatches:
+    """A DataLoader over ``ShardedEvalSampler``."""
+
+    def __init__(self, loader: DataLoader) -> None:
+        self.loader = loader
+        self.num_real: int = loader.sampler.num_real  # type: ignore[attr-defined]
+
+    def __iter__(self) -> Iterator[Batch]:
+        return iter(self.loader)
 
 
 def train_loader(
@@ -18,27 +93,54 @@ def train_loader(
     seed: int,
     num_workers: int = 0,
     device: torch.device | None = None,
-) -> DataLoader:
-    """Micro-batches of this rank's share of every global batch; call ``sampler.set_epoch``."""
+) -> TorchTrainBatches:
+    """Micro-batches of this rank's share of every global batch."""
     sampler = GlobalBatchSampler(dataset, global_batch, world_size, rank, seed=seed)
-    return DataLoader(
-        dataset,  # type: ignore[arg-type]
-        batch_size=micro_batch,
-        sampler=sampler,
-        num_workers=num_workers,
-        pin_memory=device is not None and device.type == "cuda",
-        persistent_workers=num_workers > 0,
+    return TorchTrainBatches(
+        DataLoader(
+            dataset,  # type: ignore[arg-type]
+            batch_size=micro_batch,
+            sampler=sampler,
+            num_workers=num_workers,
+            pin_memory=device is not None and device.type == "cuda",
+            persistent_workers=num_workers > 0,
+        )
     )
 
 
 def eval_loader(
     dataset: SizedDataset, batch_size: int, world_size: int, rank: int, num_workers: int = 0
-) -> DataLoader:
-    """Every sample once across ranks (plus masked padding); ``loader.sampler.num_real``."""
+) -> TorchEvalBatches:
+    """Every sample once across ranks (plus masked padding)."""
     sampler = ShardedEvalSampler(dataset, world_size, rank)
-    return DataLoader(
-        dataset,  # type: ignore[arg-type]
-        batch_size=batch_size,
-        sampler=sampler,
-        num_workers=num_workers,
+    return TorchEvalBatches(
+        DataLoader(
+            dataset,  # type: ignore[arg-type]
+            batch_size=batch_size,
+            sampler=sampler,
+            num_workers=num_workers,
+        )
     )
+
+
+def torch_worker_data(
+    splits: Splits,
+    global_batch: int,
+    micro_batch: int,
+    eval_batch: int,
+    world_size: int,
+    rank: int,
+    seed: int,
+    num_workers: int = 0,
+    device: torch.device | None = None,
+) -> WorkerData:
+    """The ``torch`` loader's data for one rank."""
+    train = train_loader(
+        splits.train, global_batch, micro_batch, world_size, rank, seed, num_workers, device
+    )
+    val, test = (
+        eval_loader(split, eval_batch, world_size, rank, num_workers)
+        for split in (splits.val, splits.test)
+    )
+    sizes = {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}
+    return WorkerData(train, val, test, splits.shape, sizes, splits.skipped)

@@ -12,7 +12,8 @@ from convoy.config import DataConfig
 from convoy.data.base import Splits
 from convoy.data.cifar10 import check_cifar10_path, load_cifar10
 from convoy.data.imagefolder import check_imagefolder_path, load_imagefolder
-from convoy.data.sources import load_digits, load_synthetic
+from convoy.data.parquet import check_parquet_path, load_parquet
+from convoy.data.sources import check_numpy_path, load_digits, load_numpy, load_synthetic
 from convoy.errors import ConfigError, one_of
 
 DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
@@ -20,10 +21,14 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "synthetic": load_synthetic,
     "cifar10": load_cifar10,
     "imagefolder": load_imagefolder,
+    "parquet": load_parquet,
+    "numpy": load_numpy,
 }
 PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "cifar10": check_cifar10_path,
     "imagefolder": check_imagefolder_path,
+    "parquet": check_parquet_path,
+    "numpy": check_numpy_path,
 }
 
 

@@ -1,4 +1,5 @@
-"""In-memory sources: ``digits`` (scikit-learn's bundled 8x8 images) and ``synthetic``.
+"""In-memory sources: ``digits`` (scikit-learn's bundled 8x8 images), ``synthetic`` and
+``numpy`` (arrays in .npz files).
 
 Both are deterministic functions of the config and a fixed data seed, so every rank builds the
 same splits without communicating.
@@ -6,10 +7,14 @@ same splits without communicating.
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import numpy as np
 import torch
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits, TensorImageDataset, seeded_split
+from convoy.errors import ConfigError, DataError
 
 # The split of a dataset must not move when the training seed changes.
 DATA_SEED = 20240601
@@ -29,10 +34,11 @@ def load_digits(cfg: DataConfig) -> Splits:
         train_idx = train_idx[: cfg.train_size]
     mean, std = _channel_stats(images[train_idx] / 16.0)
 
-    def subset(idx: torch.Tensor, crop_padding: int = 0) -> TensorImageDataset:
-        return TensorImageDataset(images[idx], labels[idx], mean, std, 1 / 16.0, crop_padding)
+    def subset(idx: torch.Tensor, train: bool = False) -> TensorImageDataset:
+        crop, flip = (cfg.augment_crop_padding, cfg.augment_flip) if train else (0, False)
+        return TensorImageDataset(images[idx], labels[idx], mean, std, 1 / 16.0, crop, flip)
 
-    train = subset(train_idx, cfg.augment_crop_padding)
+    train = subset(train_idx, train=True)
     return Splits(train, subset(val_idx), subset(test_idx), 10, 1, 8)
 
 
@@ -49,12 +55,13 @@ def load_synthetic(cfg: DataConfig, num_classes: int = 10, channels: int = 3) ->
     gen = torch.Generator().manual_seed(DATA_SEED)
     templates = torch.randn(num_classes, channels, size, size, generator=gen)
 
-    def make(n: int, crop_padding: int = 0) -> TensorImageDataset:
+    def make(n: int, train: bool = False) -> TensorImageDataset:
         labels = torch.randint(0, num_classes, (n,), generator=gen)
         images = 0.5 * templates[labels] + torch.randn(n, channels, size, size, generator=gen)
-        return TensorImageDataset(images, labels, crop_padding=crop_padding)
+        crop, flip = (cfg.augment_crop_padding, cfg.augment_flip) if train else (0, False)
+        return TensorImageDataset(images, labels, crop_padding=crop, flip=flip)
 
-    train = make(n_train, cfg.augment_crop_padding)
+    train = make(n_train, train=True)
     val, test = make(n_val), make(n_test)
     return Splits(train, val, test, num_classes, channels, size)
 
@@ -63,3 +70,66 @@ def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float
     mean = images.mean(dim=(0, 2, 3))
     std = images.std(dim=(0, 2, 3)).clamp_min(1e-6)
     return tuple(mean.tolist()), tuple(std.tolist())
+
+
+def check_numpy_path(path: str | None) -> Path:
+    expected = (
+        "numpy reads <path>/train.npz (and optional val.npz, test.npz) holding 'images' "
+        "(N, H, W) or (N, H, W, C) uint8 and 'labels' (N,)"
+    )
+    if not path:
+        raise ConfigError("data.path", path, expected)
+    root = Path(path).expanduser()
+    if not (root / "train.npz").is_file():
+        raise ConfigError("data.path", path, f"there is no train.npz in it; {expected}")
+    return root
+
+
+def _read_npz(path: Path) -> tuple[torch.Tensor, torch.Tensor]:
+    with np.load(path, allow_pickle=False) as arrays:
+        if "images" not in arrays or "labels" not in arrays:
+            raise DataError(f"data.path: {path} needs arrays 'images' and 'labels'")
+        images, labels = arrays["images"], arrays["labels"]
+    if images.ndim == 3:
+        images = images[..., None]
+    if images.ndim != 4 or images.shape[1] != images.shape[2] or len(images) != len(labels):
+        raise DataError(
+            f"data.path: {path} has images {images.shape} and labels {labels.shape}; "
+            "expected square (N, H, W[, C]) images and N labels"
+        )
+    return torch.from_numpy(images).permute(0, 3, 1, 2).contiguous(), torch.from_numpy(labels)
+
+
+def load_numpy(cfg: DataConfig) -> Splits:
+    """Arrays in .npz files; val (test) is held out of train (val) when its file is absent."""
+    root = check_numpy_path(cfg.path)
+    images, labels = _read_npz(root / "train.npz")
+    if (root / "val.npz").is_file():
+        val_images, val_labels = _read_npz(root / "val.npz")
+    else:
+        val_idx, train_idx = seeded_split(len(labels), (cfg.val_fraction,), DATA_SEED)
+        val_images, val_labels = images[val_idx], labels[val_idx]
+        images, labels = images[train_idx], labels[train_idx]
+    test_images, test_labels = (
+        _read_npz(root / "test.npz") if (root / "test.npz").is_file() else (val_images, val_labels)
+    )
+    if cfg.train_size is not None:
+        images, labels = images[: cfg.train_size], labels[: cfg.train_size]
+    num_classes = int(max(labels.max(), val_labels.max(), test_labels.max())) + 1
+    if min(labels.min(), val_labels.min(), test_labels.min()) < 0:
+        raise DataError(f"data.path: {root} has negative labels; labels must be 0..classes-1")
+    scale = 1 / 255.0 if images.dtype == torch.uint8 else 1.0
+    mean, std = _channel_stats(images.float() * scale)
+    crop, flip = cfg.augment_crop_padding, cfg.augment_flip
+
+    def dataset(x: torch.Tensor, y: torch.Tensor, train: bool = False) -> TensorImageDataset:
+        return TensorImageDataset(x, y, mean, std, scale, crop if train else 0, flip and train)
+
+    return Splits(
+        dataset(images, labels, train=True),
+        dataset(val_images, val_labels),
+        dataset(test_images, test_labels),
+        num_classes,
+        images.shape[1],
+        images.shape[2],
+    )

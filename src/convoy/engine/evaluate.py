@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader
 
+from convoy.data.loaders import EvalBatches
 from convoy.engine.amp import Precision
 from convoy.metrics import MetricsManager
 
@@ -14,7 +14,7 @@ from convoy.metrics import MetricsManager
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
-    loader: DataLoader,
+    loader: EvalBatches,
     split: str,
     metrics: MetricsManager,
     precision: Precision,
@@ -23,7 +23,7 @@ def evaluate(
     """Metrics of ``split`` over all ranks; every sample counted exactly once."""
     was_training = model.training
     model.eval()
-    remaining = loader.sampler.num_real  # type: ignore[attr-defined]
+    remaining = loader.num_real
     for images, labels in loader:
         images, labels = images.to(device, non_blocking=True), labels.to(device)
         with precision.autocast():

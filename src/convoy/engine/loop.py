@@ -21,7 +21,6 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.utils.data import DataLoader
 
 from convoy.checkpoint import (
     META_FILE,
@@ -32,8 +31,7 @@ from convoy.checkpoint import (
     partial_checkpoints,
 )
 from convoy.config import Job
-from convoy.data.base import Splits
-from convoy.data.loaders import eval_loader, train_loader
+from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_worker_data
 from convoy.data.registry import load_splits
 from convoy.distributed import (
     WorkerContext,
@@ -149,19 +147,19 @@ def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
 def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     timers = Timers()
     seed_everything(job.run.seed)
-    splits = load_splits(job.data)
-    loaders = _build_loaders(job, ctx, splits)
-    steps_per_epoch = len(loaders["train"]) // job.optim.grad_accum_steps
+    data = _worker_data(job, ctx)
+    steps_per_epoch = len(data.train) // job.optim.grad_accum_steps
     if steps_per_epoch == 0:
         raise ConfigError(
             "data.batch_size",
             job.data.batch_size,
-            f"larger than the training split ({len(splits.train)} samples): no step fits in an epoch",
+            f"larger than the training split ({data.sizes['train']} samples): "
+            "no step fits in an epoch",
         )
     total_steps = job.run.epochs * steps_per_epoch
     if job.run.max_steps is not None:
         total_steps = min(total_steps, job.run.max_steps)
-    state = _build_state(job, ctx, splits, strategy, total_steps)
+    state = _build_state(job, ctx, data.shape, strategy, total_steps)
     state.timers = timers
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
@@ -169,17 +167,22 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     if job.fault.kind != "none":
         state.attempt = next_attempt(storage, ctx.is_main)
     start = _restore(job, ctx, state, storage, progress)
+    sizes = data.sizes
     progress.line(
         f"convoy: {job.model.name} ({count_parameters(strategy.unwrap(state.model)):,} params on "
-        f"rank 0) | {job.data.name}: {len(splits.train)} train / {len(splits.val)} val / "
-        f"{len(splits.test)} test | {job.strategy.name} x {ctx.world_size} | {job.precision} | "
-        f"global batch {job.data.batch_size} | {total_steps} steps"
+        f"rank 0) | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
+        f"{sizes['val']} val / {sizes['test']} test | {job.strategy.name} x {ctx.world_size} | "
+        f"{job.precision} | global batch {job.data.batch_size} | {total_steps} steps"
     )
+    if data.skipped:
+        shown = "; ".join(data.skipped[:5]) + ("; ..." if len(data.skipped) > 5 else "")
+        progress.line(f"convoy: skipped {len(data.skipped)} unreadable record(s): {shown}")
     watch = hang_watch(ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s)
     with watch as state.heartbeat:
         steps = (steps_per_epoch, total_steps)
-        final = _run_epochs(job, ctx, state, loaders, start, steps, outputs, progress)
+        final = _run_epochs(job, ctx, state, data, start, steps, outputs, progress)
     summary = _summary(job, ctx, state, final, total_steps)
+    summary["skipped_records"] = list(data.skipped)
     outputs.write_summary(summary)
     return summary
 
@@ -188,7 +191,7 @@ def _run_epochs(
     job: Job,
     ctx: WorkerContext,
     state: TrainState,
-    loaders: dict[str, DataLoader],
+    data: WorkerData,
     start: Position,
     steps: tuple[int, int],
     outputs: RunOutputs,
@@ -202,18 +205,16 @@ def _run_epochs(
         if state.step >= total_steps:
             break
         last_epoch = epoch
-        sampler = loaders["train"].sampler
-        sampler.set_epoch(epoch)  # type: ignore[attr-defined]
-        sampler.skip(start.steps_into_epoch if epoch == start.epoch else 0)  # type: ignore[attr-defined]
         state.steps_into_epoch = start.steps_into_epoch if epoch == start.epoch else 0
+        data.train.start_epoch(epoch, state.steps_into_epoch)
         epoch_start = time.perf_counter()
         _train_epoch(
-            job, state, loaders["train"], epoch, (steps_per_epoch, total_steps), outputs, progress
+            job, state, data.train, epoch, (steps_per_epoch, total_steps), outputs, progress
         )
         values = state.metrics.compute("train")
         last = epoch == job.run.epochs - 1 or state.step >= total_steps
         if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
-            values |= _evaluate(state, loaders["val"], "val", ctx)
+            values |= _evaluate(state, data.val, "val", ctx)
         outputs.log({"kind": "epoch", "epoch": epoch + 1, "step": state.step, **values})
         progress.line(
             format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start)
@@ -222,7 +223,7 @@ def _run_epochs(
         state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
-    final |= _evaluate(state, loaders["test"], "test", ctx)
+    final |= _evaluate(state, data.test, "test", ctx)
     # The final checkpoint records the test metrics, so an export can be checked against them.
     # It is synchronous, and first commits any background save still in flight.
     state.save_checkpoint(last_epoch, steps_per_epoch, metrics=final)
@@ -277,8 +278,11 @@ def _epoch_checkpoint_due(job: Job, epoch: int) -> bool:
     return every is not None and (epoch + 1) % every == 0
 
 
-def _build_loaders(job: Job, ctx: WorkerContext, splits: Splits) -> dict[str, DataLoader]:
-    workers, accum = job.data.num_workers, job.optim.grad_accum_steps
+def _worker_data(job: Job, ctx: WorkerContext) -> WorkerData:
+    """The launcher's prepared data (Ray Data shards), or DataLoaders built here."""
+    if ctx.data is not None:
+        return ctx.data
+    accum = job.optim.grad_accum_steps
     if job.data.batch_size % (ctx.world_size * accum):
         # Elastic launchers may start fewer workers than the config names.
         raise ConfigError(
@@ -286,49 +290,43 @@ def _build_loaders(job: Job, ctx: WorkerContext, splits: Splits) -> dict[str, Da
             job.data.batch_size,
             f"must divide by world size x accumulation = {ctx.world_size} x {accum}",
         )
-    train = train_loader(
-        splits.train,
+    return torch_worker_data(
+        load_splits(job.data),
         job.data.batch_size,
         job.data.batch_size // (ctx.world_size * accum),
+        job.data.eval_batch_size,
         ctx.world_size,
         ctx.rank,
         seed=job.run.seed,
-        num_workers=workers,
+        num_workers=job.data.num_workers,
         device=ctx.device,
     )
-    evals = {
-        split: eval_loader(
-            getattr(splits, split), job.data.eval_batch_size, ctx.world_size, ctx.rank, workers
-        )
-        for split in ("val", "test")
-    }
-    return {"train": train, **evals}
 
 
 def _build_state(
-    job: Job, ctx: WorkerContext, splits: Splits, strategy: Strategy, total_steps: int
+    job: Job, ctx: WorkerContext, shape: dict[str, int], strategy: Strategy, total_steps: int
 ) -> TrainState:
-    model = build_model(job.model.name, job.model.kwargs, splits.shape)
+    model = build_model(job.model.name, job.model.kwargs, shape)
     no_decay = no_decay_names(model)
     model = strategy.wrap(model)
     optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
     return TrainState(
         rank=ctx.rank,
-        data_shape=splits.shape,
+        data_shape=shape,
         job_record=job.model_dump(mode="json"),
         model=model,
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, job.optim, total_steps),
         strategy=strategy,
         precision=Precision(dtype_from_name(job.precision), ctx.device, strategy),
-        metrics=MetricsManager(splits.num_classes, ctx.device),
+        metrics=MetricsManager(shape["num_classes"], ctx.device),
     )
 
 
 def _train_epoch(
     job: Job,
     state: TrainState,
-    loader: DataLoader,
+    loader: TrainBatches,
     epoch: int,
     steps: tuple[int, int],
     outputs: RunOutputs,
@@ -338,7 +336,7 @@ def _train_epoch(
     state.model.train()
     batches = iter(loader)
     accum = job.optim.grad_accum_steps
-    for _ in range(len(loader) // accum):
+    for _ in range(steps_per_epoch - state.steps_into_epoch):
         if state.step >= total_steps:
             return
         if state.heartbeat:
@@ -409,7 +407,7 @@ def _log_step(
 
 
 def _evaluate(
-    state: TrainState, loader: DataLoader, split: str, ctx: WorkerContext
+    state: TrainState, loader: EvalBatches, split: str, ctx: WorkerContext
 ) -> dict[str, float]:
     return evaluate(state.model, loader, split, state.metrics, state.precision, ctx.device)
 

@@ -9,7 +9,10 @@ other launchers work without it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+import logging
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -90,6 +93,12 @@ def alive_node_resources(ray: Any) -> list[dict[str, float]]:
 EMBEDDED_RAY_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2"}
 
 
+def quiet_ray_loggers() -> None:
+    """Keep Ray Train's per-report and Ray Data's per-execution INFO lines out of the run log."""
+    for name in ("ray.train", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
 def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     """Connect to or start Ray; True if this call started it (and must shut it down)."""
     if ray.is_initialized():
@@ -99,6 +108,7 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     else:
         for key, value in EMBEDDED_RAY_ENV.items():
             os.environ.setdefault(key, value)
+        quiet_ray_loggers()
         ray.init(
             num_cpus=os.cpu_count(),
             include_dashboard=False,
@@ -127,14 +137,62 @@ def checkpoint_config(job: Job) -> Any:
     )
 
 
+def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
+    """Leave ``data.ray_data.reserved_cpus`` to Ray Data: Ray Data with Train hangs when the
+    train workers hold every CPU.
+
+    When ``scaling.cpus_per_worker`` was not set, the train workers get the fraction that
+    fits; when it was set and does not fit, the layout is refused before anything starts.
+    """
+    if job.data.loader != "ray_data":
+        return job
+    total = sum(node.get("CPU", 0.0) for node in nodes)
+    workers, reserve = job.scaling.num_workers, job.data.ray_data.reserved_cpus
+    wanted = workers * job.scaling.cpus_per_worker
+    if wanted + reserve <= total + 1e-9:
+        return job
+    fitted = math.floor((total - reserve) / workers * 100) / 100
+    if "cpus_per_worker" in job.scaling.model_fields_set or fitted < 0.01:
+        fix = (
+            f"set scaling.cpus_per_worker to {fitted:g} or less"
+            if fitted >= 0.01
+            else "lower data.ray_data.reserved_cpus or scaling.num_workers, or add nodes"
+        )
+        raise ResourceError(
+            f"scaling.cpus_per_worker: {workers} train workers x {job.scaling.cpus_per_worker:g} "
+            f"CPU leave {max(0.0, total - wanted):g} of this cluster's {total:g} CPUs to Ray "
+            f"Data, which needs data.ray_data.reserved_cpus={reserve:g} to make progress; {fix}"
+        )
+    print(
+        f"convoy: train workers get {fitted:g} CPU each, leaving {reserve:g} of {total:g} "
+        "CPUs to Ray Data (data.ray_data.reserved_cpus)",
+        flush=True,
+    )
+    scaling = job.scaling.model_copy(update={"cpus_per_worker": fitted})
+    return job.model_copy(update={"scaling": scaling})
+
+
 def build_trainer(job: Job) -> Any:
-    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchConfig, TorchTrainer
 
     storage_path, _, name = job.run_uri.rpartition("/")
+    config: dict[str, Any] = {"job": job.model_dump(mode="json")}
+    data: dict[str, Any] = {}
+    if job.data.loader == "ray_data":
+        from convoy.data.ray_data import build_ray_data
+
+        plan = build_ray_data(job, job.scaling.num_workers)
+        config["ray_data"] = plan.worker_info()
+        # Only train is split (streaming_split drops rows); each rank gets its eval chunk whole.
+        data = {
+            "datasets": plan.datasets,
+            "dataset_config": DataConfig(datasets_to_split=["train"]),
+        }
     return TorchTrainer(
         train_loop_per_worker=ray_worker_main,
-        train_loop_config={"job": job.model_dump(mode="json")},
+        train_loop_config=config,
+        **data,
         torch_config=TorchConfig(
             backend="nccl" if job.scaling.use_gpu else "gloo",
             timeout_s=int(job.run.collective_timeout_s),
@@ -164,7 +222,9 @@ class RayLauncher(Launcher):
         ray = import_ray()
         started = ensure_ray(ray, self.cluster)
         try:
-            check_cluster_resources(job, alive_node_resources(ray))
+            nodes = alive_node_resources(ray)
+            job = reserve_data_cpus(job, nodes)
+            check_cluster_resources(job, nodes)
             storage = write_config(job)
             _fit(build_trainer(job))
         finally:
@@ -204,6 +264,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
 
     from convoy.engine.loop import train
 
+    quiet_ray_loggers()
     job = job_from_dict(config["job"])
     context = ray.train.get_context()
     ctx = WorkerContext(
@@ -215,6 +276,11 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         checkpoint_reporter=functools.partial(report_checkpoint, job),
         resume_from=_ray_latest_checkpoint(),
     )
+    if "ray_data" in config:
+        from convoy.data.ray_data import ray_worker_data
+
+        data = ray_worker_data(job, config["ray_data"], ctx.rank, ctx.world_size)
+        ctx = dataclasses.replace(ctx, data=data)
     summary = train(job, ctx)
     # report() is a barrier every rank calls once; rank 0's copy reaches Result.metrics.
     ray.train.report({k: v for k, v in summary["metrics"].items()})

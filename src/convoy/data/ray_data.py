@@ -1,0 +1,357 @@
+"""The ``ray_data`` loader: a Ray Data pipeline per split, streamed into Ray Train workers.
+
+Driver side (``build_ray_data``): the configured source is read as for the torch loader (the
+same records, the same splits, the same bad-record policy), then turned into Ray Datasets:
+
+- encoded images (imagefolder, parquet) become rows ``{index, path | image bytes, label}``;
+  decoding, resizing and scaling run in ``map_batches`` on CPU;
+- arrays (digits, synthetic, cifar10, numpy) become a tensor column; scaling and
+  normalization run in ``map_batches``;
+- training rows are shuffled every epoch (``random_shuffle`` seeded by ``run.seed``, reseeded
+  per execution), then augmented (random shift, flip), seeded by the rows in each batch;
+- preprocessing runs as Ray tasks or an actor pool (``data.ray_data.compute``, ``concurrency``).
+
+Train is split over the workers by Ray Train (``streaming_split(equal=True)``): each worker
+gets floor(N / W) rows per epoch, in micro-batches with drop_last, so every epoch sees
+``floor(floor(N / W) / micro) * micro * W`` samples, each at most once (the remainder rule).
+Evaluation does not use that split, since it drops rows: the driver cuts each eval split into
+one contiguous dataset per rank (``val_0``, ``val_1``, ...), so every row is read exactly once;
+ranks with fewer rows pad with masked batches so sharded models run the same collectives.
+
+Worker side (``ray_worker_data``): ``get_dataset_shard`` + ``iter_torch_batches`` with
+prefetching, behind the engine's ``TrainBatches`` / ``EvalBatches`` interfaces. Mid-epoch
+resume skips the batches already trained; which rows they are is not reproduced, because the
+streaming split hands blocks to whichever worker asks first.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from convoy.config import Job
+from convoy.data.base import SizedDataset, TensorImageDataset, augment
+from convoy.data.encoded import EncodedImageDataset, ImageRecord, decode_record, rgb_to_tensor
+from convoy.data.loaders import Batch, WorkerData
+from convoy.data.registry import load_splits
+from convoy.errors import DataError
+
+EVAL_SPLITS = ("val", "test")
+
+
+# ---------------------------------------------------------------------------------------------
+# Preprocessing (runs in Ray Data tasks or actors)
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """What ``map_batches`` does to a batch of raw rows: decode or scale, then augment."""
+
+    kind: str
+    """"encoded": rows hold a file path or encoded bytes; "array": a raw image tensor."""
+    image_size: int
+    mean: tuple[float, ...] = ()
+    std: tuple[float, ...] = ()
+    scale: float = 1.0
+    crop_padding: int = 0
+    flip: bool = False
+    seed: int = 0
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        images = self._decode(batch) if self.kind == "encoded" else self._scale(batch["image"])
+        # Only what training needs leaves the pipeline (no bytes, paths or names).
+        if self.crop_padding or self.flip:
+            images = self._augment(images, batch["index"])
+        return {"index": batch["index"], "image": images.numpy(), "label": batch["label"]}
+
+    def _decode(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
+        decoded = []
+        for i, name in enumerate(batch["name"]):
+            record = (
+                ImageRecord(str(name), 0, path=Path(str(batch["path"][i])))
+                if "path" in batch
+                else ImageRecord(str(name), 0, data=bytes(batch["image"][i]))
+            )
+            decoded.append(rgb_to_tensor(decode_record(record, self.image_size)))
+        return torch.stack(decoded)
+
+    def _scale(self, raw: np.ndarray) -> torch.Tensor:
+        images = torch.from_numpy(np.array(raw, dtype=np.float32)) * self.scale
+        if self.mean:
+            mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+            std = torch.tensor(self.std).view(1, -1, 1, 1)
+            images = (images - mean) / std
+        return images
+
+    def _augment(self, images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+        # Seeded by the rows in the batch: reproducible for a given order, and different every
+        # epoch because the shuffle changes which rows share a batch.
+        generator = torch.Generator().manual_seed(hash((self.seed, *indices.tolist())) % 2**63)
+        fill = -1.0 if self.kind == "encoded" else float(self._normalized_zero())
+        return torch.stack(
+            [augment(img, self.crop_padding, self.flip, fill, generator) for img in images]
+        )
+
+    def _normalized_zero(self) -> float:
+        # Array sources pad with black before normalizing, as the torch loader does.
+        return -self.mean[0] / self.std[0] if self.mean else 0.0
+
+
+class PreprocessActor:
+    """The actor-pool form of ``Preprocess`` (``data.ray_data.compute: actors``)."""
+
+    def __init__(self, preprocess: Preprocess) -> None:
+        self.preprocess = preprocess
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self.preprocess(batch)
+
+
+def _run(preprocess: Preprocess, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return preprocess(batch)
+
+
+# ---------------------------------------------------------------------------------------------
+# Driver side: sources -> Ray Datasets
+
+
+@dataclass
+class RayDataPlan:
+    """Datasets for ``TorchTrainer(datasets=...)`` and what workers need to know about them."""
+
+    datasets: dict[str, Any]
+    shape: dict[str, int]
+    sizes: dict[str, int]
+    eval_rows: dict[str, list[int]]
+    """Rows of each eval split per rank."""
+    skipped: tuple[str, ...] = ()
+
+    def worker_info(self) -> dict[str, Any]:
+        return {
+            "shape": self.shape,
+            "sizes": self.sizes,
+            "eval_rows": self.eval_rows,
+            "skipped": list(self.skipped),
+        }
+
+
+def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Preprocess]:
+    """A Ray Dataset of ``rows`` of a source dataset, and how to preprocess it."""
+    import ray.data
+
+    if isinstance(dataset, TensorImageDataset):
+        import pyarrow as pa
+        from ray.data.extensions import ArrowTensorArray
+
+        index = np.arange(rows.start, rows.stop)
+        images = dataset.images[rows.start : rows.stop].numpy()
+        table = pa.table(
+            {
+                "index": index,
+                "image": ArrowTensorArray.from_numpy(images),
+                "label": dataset.labels[rows.start : rows.stop].numpy(),
+            }
+        )
+        preprocess = Preprocess(
+            "array",
+            int(images.shape[-1]),
+            tuple(dataset.mean.flatten().tolist()),
+            tuple(dataset.std.flatten().tolist()),
+            dataset.scale,
+            dataset.crop_padding,
+            dataset.flip,
+        )
+        return ray.data.from_arrow(table), preprocess
+    if isinstance(dataset, EncodedImageDataset):
+        items = [_encoded_row(i, dataset.records[i]) for i in rows]
+        preprocess = Preprocess(
+            "encoded", dataset.image_size, crop_padding=dataset.crop_padding, flip=dataset.flip
+        )
+        return ray.data.from_items(items), preprocess
+    raise DataError(f"data.loader: ray_data cannot read {type(dataset).__name__} datasets")
+
+
+def _encoded_row(index: int, record: ImageRecord) -> dict[str, Any]:
+    row = {"index": index, "name": record.name, "label": record.label}
+    if record.path is not None:
+        return {**row, "path": str(record.path)}
+    return {**row, "image": record.data}
+
+
+def _preprocessed(ds: Any, preprocess: Preprocess, job: Job) -> Any:
+    cfg = job.data.ray_data
+    # One CPU per task at most, so a fractional reservation still runs the pipeline.
+    num_cpus = min(1.0, cfg.reserved_cpus)
+    if cfg.compute == "actors":
+        return ds.map_batches(
+            PreprocessActor,
+            fn_constructor_args=(preprocess,),
+            batch_size=cfg.batch_size,
+            batch_format="numpy",
+            concurrency=cfg.concurrency or 1,
+            num_cpus=num_cpus,
+        )
+    return ds.map_batches(
+        functools.partial(_run, preprocess),
+        batch_size=cfg.batch_size,
+        batch_format="numpy",
+        concurrency=cfg.concurrency,
+        num_cpus=num_cpus,
+    )
+
+
+def eval_rows_per_rank(size: int, world_size: int) -> list[int]:
+    """Contiguous chunks of ceil(size / W) rows; the last ranks may get fewer (or none)."""
+    chunk = math.ceil(size / world_size)
+    return [max(0, min(chunk, size - r * chunk)) for r in range(world_size)]
+
+
+def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
+    """Read the configured source and build every split's Ray Dataset (in the driver)."""
+    from ray.data._internal.random_config import RandomSeedConfig
+
+    splits = load_splits(job.data)
+    datasets: dict[str, Any] = {}
+    train, preprocess = _raw_rows(splits.train, range(len(splits.train)))
+    preprocess = _with_seed(preprocess, job.run.seed)
+    shuffled = train.random_shuffle(
+        seed=RandomSeedConfig(seed=job.run.seed, reseed_after_execution=True)
+    )
+    datasets["train"] = _preprocessed(shuffled, preprocess, job)
+    eval_rows: dict[str, list[int]] = {}
+    for split in EVAL_SPLITS:
+        dataset = getattr(splits, split)
+        eval_rows[split] = eval_rows_per_rank(len(dataset), world_size)
+        start = 0
+        for rank, rows in enumerate(eval_rows[split]):
+            raw, preprocess = _raw_rows(dataset, range(start, start + rows))
+            datasets[f"{split}_{rank}"] = _preprocessed(raw, preprocess, job)
+            start += rows
+    sizes = {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}
+    return RayDataPlan(datasets, splits.shape, sizes, eval_rows, splits.skipped)
+
+
+def _with_seed(preprocess: Preprocess, seed: int) -> Preprocess:
+    return replace(preprocess, seed=seed)
+
+
+# ---------------------------------------------------------------------------------------------
+# Worker side: shards -> the engine's batches
+
+
+def _as_batch(batch: dict[str, torch.Tensor], seen: list[int] | None) -> Batch:
+    if seen is not None:
+        seen += batch["index"].tolist()
+    return batch["image"], batch["label"].long()
+
+
+class RayTrainBatches:
+    """This worker's share of each epoch, in micro-batches (drop_last)."""
+
+    def __init__(self, shard: Any, micro_batch: int, micro_batches: int, prefetch: int) -> None:
+        self.shard = shard
+        self.micro_batch = micro_batch
+        self.micro_batches = micro_batches
+        self.prefetch = prefetch
+        self.skip_micro = 0
+        self.accum = 1
+        self.seen: list[int] | None = None
+        """Set to a list to record the row indices handed out (for audits and tests)."""
+
+    def __len__(self) -> int:
+        return self.micro_batches
+
+    def start_epoch(self, epoch: int, skip_steps: int = 0) -> None:
+        # Ray Data reshuffles on every pass; the epoch number needs no seeding here.
+        self.skip_micro = skip_steps * self.accum
+
+    def __iter__(self) -> Iterator[Batch]:
+        batches = self.shard.iter_torch_batches(
+            batch_size=self.micro_batch,
+            drop_last=True,
+            prefetch_batches=self.prefetch,
+            device="cpu",
+        )
+        iterator = iter(batches)
+        for i, batch in enumerate(iterator):
+            if i == self.micro_batches - 1:
+                # Finish this worker's pass before handing over the last batch, so the split
+                # never waits on a half-read epoch (drop_last may leave one partial batch).
+                for _ in iterator:
+                    pass
+            if i >= self.skip_micro:
+                yield _as_batch(batch, self.seen)
+            if i == self.micro_batches - 1:
+                return
+
+
+class RayEvalBatches:
+    """This rank's contiguous chunk of an eval split, padded to the common batch count."""
+
+    def __init__(
+        self, shard: Any, batch_size: int, rows: list[int], rank: int, shape: dict[str, int]
+    ) -> None:
+        self.shard = shard
+        self.batch_size = batch_size
+        self.num_real = rows[rank]
+        self.batches = math.ceil(max(rows) / batch_size)
+        self.shape = shape
+        self.seen: list[int] | None = None
+        """Set to a list to record the row indices read (for audits and tests)."""
+
+    def __iter__(self) -> Iterator[Batch]:
+        produced = 0
+        last: Batch | None = None
+        if self.num_real:
+            for batch in self.shard.iter_torch_batches(batch_size=self.batch_size, device="cpu"):
+                last = _as_batch(batch, self.seen)
+                produced += 1
+                yield last
+        while produced < self.batches:  # masked padding: the same forwards on every rank
+            yield last if last is not None else self._empty()
+            produced += 1
+
+    def _empty(self) -> Batch:
+        c, s = self.shape["in_channels"], self.shape["image_size"]
+        return torch.zeros(1, c, s, s), torch.zeros(1, dtype=torch.long)
+
+
+def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
+    """This Ray Train worker's data, from its dataset shards (``get_dataset_shard``)."""
+    import ray.train
+
+    accum = job.optim.grad_accum_steps
+    micro = job.data.batch_size // (world_size * accum)
+    rows_per_worker = info["sizes"]["train"] // world_size
+    train = RayTrainBatches(
+        ray.train.get_dataset_shard("train"),
+        micro,
+        (rows_per_worker // micro) // accum * accum,
+        job.data.ray_data.prefetch_batches,
+    )
+    train.accum = accum
+    evals = {
+        split: RayEvalBatches(
+            ray.train.get_dataset_shard(f"{split}_{rank}"),
+            job.data.eval_batch_size,
+            info["eval_rows"][split],
+            rank,
+            info["shape"],
+        )
+        for split in EVAL_SPLITS
+    }
+    return WorkerData(
+        train,
+        evals["val"],
+        evals["test"],
+        info["shape"],
+        info["sizes"],
+        tuple(info["skipped"]),
+    )
