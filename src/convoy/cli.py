@@ -26,6 +26,7 @@ examples:
   convoy train recipes/default.yaml -o strategy.name=fsdp2 -o scaling.num_workers=2
   convoy train recipes/digits_mlp_local.yaml -o optim.lr=3e-3 -o run.epochs=5
   convoy config show recipes/default.yaml -o scaling.launcher=torchrun
+  convoy data convert ~/data/cifar-10-python.tar.gz ~/data/cifar10-parquet
 """
 
 
@@ -109,7 +110,42 @@ def build_parser() -> argparse.ArgumentParser:
         help="list models, datasets, strategies and launchers",
         description="List the names each registry accepts.",
     )
+    _add_data_commands(commands)
     return parser
+
+
+def _add_data_commands(commands: Any) -> None:
+    data = commands.add_parser(
+        "data", help="prepare, convert and inspect datasets", description="Dataset tools."
+    )
+    actions = data.add_subparsers(dest="data_command", metavar="ACTION", required=True)
+    imagenet = actions.add_parser(
+        "prepare-imagenet",
+        help="ILSVRC train/ + flat val/ + LOC_val_solution.csv -> an ImageFolder tree",
+        description="Hard-link (or copy) ILSVRC images into DST/train/<wnid>/ and "
+        "DST/val/<wnid>/. Idempotent; reports missing, unlabeled and unreadable files.",
+    )
+    imagenet.add_argument("src", help="folder with train/, val/ and LOC_val_solution.csv")
+    imagenet.add_argument("dst", help="the ImageFolder tree to create or complete")
+    convert = actions.add_parser(
+        "convert",
+        help="an ImageFolder tree or CIFAR-10 batches -> parquet shards",
+        description="Write parquet shards (index, image bytes, label, name) and classes.json; "
+        "unreadable or missing files are left out and reported.",
+    )
+    convert.add_argument("src", help="ImageFolder tree, or CIFAR-10 batches (folder or .tar.gz)")
+    convert.add_argument("dst", help="output folder")
+    convert.add_argument("--format", choices=["parquet"], default="parquet")
+    convert.add_argument(
+        "--shard-mb", type=float, default=256.0, help="target shard size in MiB (default 256)"
+    )
+    inspect = actions.add_parser(
+        "inspect",
+        help="counts, class balance, image sizes and unreadable files of a dataset",
+        description="Read an ImageFolder tree, a parquet dataset or CIFAR-10 batches and report.",
+    )
+    inspect.add_argument("path")
+    inspect.add_argument("--json", action="store_true", help="print the report as JSON")
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -208,6 +244,27 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
     return "\n".join(lines)
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    import json
+    from pathlib import Path
+
+    if args.data_command == "prepare-imagenet":
+        from convoy.data.imagenet import prepare_imagenet
+
+        print("\n".join(prepare_imagenet(Path(args.src), Path(args.dst)).lines()))
+        return 0
+    from convoy.data.convert import convert_dataset, inspect_dataset, report_lines
+
+    if args.data_command == "convert":
+        report = convert_dataset(Path(args.src), Path(args.dst), args.shard_mb)
+        print("\n".join(report_lines(report)))
+        print(f"wrote {args.dst}")
+        return 0
+    report = inspect_dataset(Path(args.path))
+    print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     handlers = {
@@ -215,6 +272,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "list": cmd_list,
         "export": cmd_export,
         "evaluate": cmd_evaluate,
+        "data": cmd_data,
     }
     handler = cmd_config_show if args.command == "config" else handlers[args.command]
     try:

@@ -62,10 +62,9 @@ def audit_loop(config: dict[str, Any]) -> None:
 
 
 def test_every_sample_once_per_epoch_and_every_eval_row_once(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+    import ray.cloudpickle
     from ray.train import DataConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
-
-    import ray.cloudpickle
 
     from convoy.data.ray_data import build_ray_data
 

@@ -92,16 +92,29 @@ def check_cifar10_path(path: str | None) -> Path:
     return resolved
 
 
-def load_cifar10(cfg: DataConfig) -> Splits:
-    path = check_cifar10_path(cfg.path)
+CLASSES = (
+    "airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"
+)  # fmt: skip
+
+
+def read_cifar10(path: Path) -> dict[str, tuple[np.ndarray, np.ndarray]]:
+    """``{"train": (images, labels), "test": ...}``; images are (N, 3, 32, 32) uint8."""
     raw = _read_batches(path)
     missing = [n for n in (*TRAIN_BATCHES, TEST_BATCH) if n not in raw]
     if missing:
         raise DataError(f"data.path: {str(path)!r} is missing CIFAR-10 files: {', '.join(missing)}")
     train_parts = [_parse_batch(raw[n], f"{path}/{n}") for n in TRAIN_BATCHES]
-    images = torch.from_numpy(np.concatenate([p[0] for p in train_parts]))
-    labels = torch.from_numpy(np.concatenate([p[1] for p in train_parts]))
-    test_images, test_labels = _parse_batch(raw[TEST_BATCH], f"{path}/{TEST_BATCH}")
+    train = (
+        np.concatenate([p[0] for p in train_parts]),
+        np.concatenate([p[1] for p in train_parts]),
+    )
+    return {"train": train, "test": _parse_batch(raw[TEST_BATCH], f"{path}/{TEST_BATCH}")}
+
+
+def load_cifar10(cfg: DataConfig) -> Splits:
+    arrays = read_cifar10(check_cifar10_path(cfg.path))
+    images, labels = (torch.from_numpy(a) for a in arrays["train"])
+    test_images, test_labels = arrays["test"]
     val_idx, train_idx = seeded_split(len(labels), (cfg.val_fraction,), DATA_SEED)
     if cfg.train_size is not None:
         train_idx = train_idx[: cfg.train_size]

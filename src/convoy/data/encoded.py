@@ -56,12 +56,29 @@ def rgb_to_tensor(rgb: np.ndarray) -> torch.Tensor:
     return (array.permute(2, 0, 1) - 0.5) / 0.5
 
 
+UNREADABLE = (OSError, ValueError, SyntaxError)
+"""Pillow's (and the file system's) ways of saying "this is not an image I can read"."""
+
+
+def unreadable_reason(exc: BaseException) -> str:
+    """A short, stable reason for a record that cannot be read."""
+    from PIL import UnidentifiedImageError
+
+    if isinstance(exc, FileNotFoundError):
+        return "missing"
+    if isinstance(exc, UnidentifiedImageError):
+        return "not an image Pillow can identify"
+    return str(exc) or type(exc).__name__
+
+
 def decode_record(record: ImageRecord, size: int) -> np.ndarray:
     """Decode one record, or raise ``DataError`` naming it."""
     try:
         return decode_rgb(record.read_bytes(), size)
-    except (OSError, ValueError, SyntaxError) as exc:  # Pillow's ways of saying "not an image"
-        raise DataError(f"data: cannot read image {record.name}: {exc}") from None
+    except UNREADABLE as exc:
+        raise DataError(
+            f"data: cannot read image {record.name}: {unreadable_reason(exc)}"
+        ) from None
 
 
 class EncodedImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -94,9 +111,9 @@ def find_bad_records(records: Iterable[ImageRecord], size: int) -> list[tuple[Im
     bad = []
     for record in records:
         try:
-            decode_record(record, size)
-        except DataError as exc:
-            bad.append((record, str(exc).split(": ", 2)[-1]))
+            decode_rgb(record.read_bytes(), size)
+        except UNREADABLE as exc:
+            bad.append((record, unreadable_reason(exc)))
     return bad
 
 
