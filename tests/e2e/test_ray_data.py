@@ -12,6 +12,7 @@ import pytest
 
 import convoy
 from convoy.config import Job, job_from_dict, load_job
+from convoy.data.convert import convert_dataset
 from convoy.data.samplers import GlobalBatchSampler
 from convoy.export import evaluate_exported, export_checkpoint
 
@@ -120,3 +121,33 @@ def test_ray_data_reaches_the_torch_bar_and_evaluates_exactly(tmp_path: Path, ra
     assert single["test/samples"] == 359
     assert single["test/loss"] == pytest.approx(metrics["test/loss"], rel=1e-6)
     assert single["test/f1"] == pytest.approx(metrics["test/f1"], abs=1e-7)
+
+
+def test_encoded_images_decode_in_ray_data(imagefolder: Path, tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+    """File rows (imagefolder) and byte rows (parquet) decode in Ray Data tasks; a corrupt
+    file is skipped and reported under on_bad_record: skip."""
+    (imagefolder / "train" / "light" / "zz_corrupt.png").write_bytes(b"not a png")
+    parquet = tmp_path / "parquet"
+    convert_dataset(imagefolder, parquet, shard_mb=0.001)
+    common = ["model.name=mlp", "data.batch_size=4", "data.image_size=8", "run.epochs=2"]
+    folder = convoy.train(
+        digits_job(
+            tmp_path,
+            *common,
+            "data.name=imagefolder",
+            f"data.path={imagefolder}",
+            "data.on_bad_record=skip",
+            "data.ray_data.compute=actors",
+            "run.name=folder",
+        )
+    ).summary
+    assert folder["skipped_records"] == [
+        f"{imagefolder / 'train' / 'light' / 'zz_corrupt.png'} (not an image Pillow can identify)"
+    ]
+    from_parquet = convoy.train(
+        digits_job(tmp_path, *common, "data.name=parquet", f"data.path={parquet}", "run.name=pq")
+    ).summary
+    for summary in (folder, from_parquet):
+        assert summary["steps"] == 2 * 3  # 12 rows: 6 per worker, micro-batches of 2
+        assert summary["metrics"]["test/samples"] == 6
+        assert summary["metrics"]["test/acc"] == 1.0  # dark vs light

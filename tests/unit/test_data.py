@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import pickle
 import shutil
@@ -204,3 +205,35 @@ def test_imagefolder_train_size_caps_with_every_class(imagefolder: Path) -> None
     assert len(splits.train) == 6
     assert len(splits.val) == 6
     assert {r.label for r in splits.train.records} == {0, 1}
+
+
+def test_numpy_source_reads_npz_and_holds_out_val(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    np.savez(tmp_path / "train.npz", images=rng.integers(0, 256, (50, 6, 6), dtype=np.uint8),
+             labels=np.arange(50) % 5)  # fmt: skip
+    np.savez(tmp_path / "test.npz", images=rng.integers(0, 256, (7, 6, 6), dtype=np.uint8),
+             labels=np.arange(7) % 5)  # fmt: skip
+    splits = load_splits(DataConfig(name="numpy", path=str(tmp_path), val_fraction=0.2))
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (40, 10, 7)
+    assert splits.shape == {"num_classes": 5, "in_channels": 1, "image_size": 6}
+    image, label = splits.test[3]
+    assert image.shape == (1, 6, 6) and int(label) == 3
+
+
+def test_numpy_source_needs_train_npz(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"data.path: .* no train.npz"):
+        load_splits(DataConfig(name="numpy", path=str(tmp_path)))
+
+
+def test_parquet_label_outside_the_class_map_names_the_record(tmp_path: Path) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "classes.json").write_text(json.dumps({"classes": ["a", "b"]}))
+    table = pa.table({"index": [0, 1], "image": [b"x", b"y"], "label": [1, 5], "name": ["p", "q"]})
+    pq.write_table(table, tmp_path / "train" / "part-00000.parquet")
+    with pytest.raises(
+        DataError, match=r"part-00000.parquet#1 has label 5; labels must be in 0..1"
+    ):
+        load_splits(DataConfig(name="parquet", path=str(tmp_path)))

@@ -9,7 +9,12 @@ import pytest
 from convoy.config import load_job
 from convoy.errors import ConfigError, ResourceError
 from convoy.launchers.base import resolve_run
-from convoy.launchers.ray import check_cluster_resources, placeable_workers, worker_resources
+from convoy.launchers.ray import (
+    check_cluster_resources,
+    placeable_workers,
+    reserve_data_cpus,
+    worker_resources,
+)
 from convoy.launchers.torchrun import nodes_range, torchrun_command
 
 
@@ -78,3 +83,31 @@ def test_resource_error_names_the_request() -> None:
     assert worker_resources(job) == {"CPU": 1.0, "GPU": 1.0}
     with pytest.raises(ResourceError, match=r"got 4 workers .* can place at most 0"):
         check_cluster_resources(job, [{"CPU": 16.0}])
+
+
+RAY_DATA = ["scaling.launcher=ray", "scaling.num_workers=2", "data.loader=ray_data"]
+
+
+def test_ray_data_gets_its_cpus_by_fractional_train_workers(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    job = load_job(None, RAY_DATA)  # cpus_per_worker left at its default of 1
+    fitted = reserve_data_cpus(job, [{"CPU": 2.0}])
+    assert fitted.scaling.cpus_per_worker == 0.5  # 2 x 0.5 for training, 1 for Ray Data
+    assert "leaving 1 of 2 CPUs to Ray Data" in capsys.readouterr().out
+    roomy = reserve_data_cpus(job, [{"CPU": 8.0}])
+    assert roomy.scaling.cpus_per_worker == 1.0  # it fits: nothing changes
+
+
+def test_ray_data_refuses_a_layout_that_starves_it() -> None:
+    explicit = load_job(None, [*RAY_DATA, "scaling.cpus_per_worker=1"])
+    with pytest.raises(ResourceError, match=r"scaling.cpus_per_worker: .* set .* to 0\.5 or less"):
+        reserve_data_cpus(explicit, [{"CPU": 2.0}])
+    greedy = load_job(None, [*RAY_DATA, "data.ray_data.reserved_cpus=2"])
+    with pytest.raises(ResourceError, match=r"lower data.ray_data.reserved_cpus"):
+        reserve_data_cpus(greedy, [{"CPU": 2.0}])
+
+
+def test_ray_data_needs_the_ray_launcher() -> None:
+    with pytest.raises(ConfigError, match=r"data.loader: got 'ray_data'; .* scaling.launcher: ray"):
+        load_job(None, ["data.loader=ray_data", "scaling.launcher=torchrun"])

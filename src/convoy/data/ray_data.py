@@ -9,7 +9,8 @@ same records, the same splits, the same bad-record policy), then turned into Ray
   normalization run in ``map_batches``;
 - training rows are shuffled every epoch (``random_shuffle`` seeded by ``run.seed``, reseeded
   per execution), then augmented (random shift, flip), seeded by the rows in each batch;
-- preprocessing runs as Ray tasks or an actor pool (``data.ray_data.compute``, ``concurrency``).
+- preprocessing runs as Ray tasks or an actor pool (``data.ray_data.compute``, ``concurrency``)
+  inside the CPUs reserved for Ray Data (``cpu_shares``).
 
 Train is split over the workers by Ray Train (``streaming_split(equal=True)``): each worker
 gets floor(N / W) rows per epoch, in micro-batches with drop_last, so every epoch sees
@@ -185,25 +186,39 @@ def _encoded_row(index: int, record: ImageRecord) -> dict[str, Any]:
     return {**row, "image": record.data}
 
 
-def _preprocessed(ds: Any, preprocess: Preprocess, job: Job) -> Any:
+def cpu_shares(job: Job) -> tuple[float, float]:
+    """CPUs per Ray Data task and per preprocessing actor, within ``reserved_cpus``.
+
+    An actor pool holds its CPUs for the whole epoch; the shuffle and the eval datasets still
+    need tasks meanwhile, so actors take half the reservation and tasks the other half.
+    Without actors, tasks may use all of it (at most one CPU each).
+    """
     cfg = job.data.ray_data
-    # One CPU per task at most, so a fractional reservation still runs the pipeline.
-    num_cpus = min(1.0, cfg.reserved_cpus)
-    if cfg.compute == "actors":
+    if cfg.compute == "tasks":
+        return min(1.0, cfg.reserved_cpus), 0.0
+    pool = cfg.concurrency or 1
+    return min(1.0, cfg.reserved_cpus / 2), cfg.reserved_cpus / 2 / pool
+
+
+def _preprocessed(ds: Any, preprocess: Preprocess, job: Job, train: bool) -> Any:
+    cfg = job.data.ray_data
+    task_cpus, actor_cpus = cpu_shares(job)
+    if train and cfg.compute == "actors":
         return ds.map_batches(
             PreprocessActor,
             fn_constructor_args=(preprocess,),
             batch_size=cfg.batch_size,
             batch_format="numpy",
             concurrency=cfg.concurrency or 1,
-            num_cpus=num_cpus,
+            num_cpus=actor_cpus,
         )
+    # Eval datasets always use tasks: they run once per evaluation and must not hold CPUs.
     return ds.map_batches(
         functools.partial(_run, preprocess),
         batch_size=cfg.batch_size,
         batch_format="numpy",
         concurrency=cfg.concurrency,
-        num_cpus=num_cpus,
+        num_cpus=task_cpus,
     )
 
 
@@ -222,9 +237,10 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
     train, preprocess = _raw_rows(splits.train, range(len(splits.train)))
     preprocess = _with_seed(preprocess, job.run.seed)
     shuffled = train.random_shuffle(
-        seed=RandomSeedConfig(seed=job.run.seed, reseed_after_execution=True)
+        seed=RandomSeedConfig(seed=job.run.seed, reseed_after_execution=True),
+        num_cpus=cpu_shares(job)[0],
     )
-    datasets["train"] = _preprocessed(shuffled, preprocess, job)
+    datasets["train"] = _preprocessed(shuffled, preprocess, job, train=True)
     eval_rows: dict[str, list[int]] = {}
     for split in EVAL_SPLITS:
         dataset = getattr(splits, split)
@@ -232,7 +248,7 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
         start = 0
         for rank, rows in enumerate(eval_rows[split]):
             raw, preprocess = _raw_rows(dataset, range(start, start + rows))
-            datasets[f"{split}_{rank}"] = _preprocessed(raw, preprocess, job)
+            datasets[f"{split}_{rank}"] = _preprocessed(raw, preprocess, job, train=False)
             start += rows
     sizes = {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}
     return RayDataPlan(datasets, splits.shape, sizes, eval_rows, splits.skipped)
