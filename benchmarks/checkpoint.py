@@ -157,8 +157,8 @@ CPU cores ({platform.machine()}), no GPU; torch {torch.__version__}. Local disk.
 {save_table}
 
 *Sync save* blocks training for the whole write. An *async* save blocks only while the state
-is staged to CPU memory, and then commits (after a barrier, by rename) on the next save or at
-the end of training.
+is staged to CPU memory. It commits on the next save or at the end of training: after a
+barrier, rank 0 writes `meta.json`.
 
 ## Worker kill to training resumed
 

@@ -54,6 +54,8 @@ class RayDataConfig(Section):
     """CPUs kept free of train workers for the pipeline; train workers get fractions if needed."""
     prefetch_batches: Annotated[int, Field(ge=0)] = 2
     """Batches each train worker prefetches ahead of the step (iter_torch_batches)."""
+    shuffle_buffer_rows: Annotated[int, Field(ge=0)] = 1024
+    """Rows each train worker shuffles locally per epoch (after the block-order shuffle)."""
 
 
 class DataConfig(Section):

@@ -17,7 +17,7 @@ from typing import Any
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits, seeded_split
-from convoy.data.encoded import ImageRecord
+from convoy.data.encoded import ImageRecord, check_labels
 from convoy.data.imagefolder import encoded_splits
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError
@@ -61,9 +61,40 @@ def read_records(split_dir: Path) -> list[ImageRecord]:
     return records
 
 
-def load_parquet(cfg: DataConfig) -> Splits:
+def streams_whole_train(cfg: DataConfig) -> bool:
+    """Whether the train shards are used whole, row for row, so a reader can stream them:
+    a val/ split of its own, no train_size cap, and no bad-record scan."""
+    if cfg.name != "parquet" or cfg.train_size is not None or cfg.on_bad_record != "error":
+        return False
+    return bool(shard_files(check_parquet_path(cfg.path) / "val"))
+
+
+def check_train_labels(cfg: DataConfig) -> int:
+    """Rows of the train split, after checking its labels (reads the label column only)."""
+    import pyarrow.parquet as pq
+
+    root = check_parquet_path(cfg.path)
+    classes = len(read_classes(root))
+    rows = 0
+    for shard in shard_files(root / "train"):
+        labels = pq.read_table(shard, columns=["label"]).column("label").to_pylist()
+        check_labels(
+            (ImageRecord(f"{shard}#{i}", int(label)) for i, label in enumerate(labels)), classes
+        )
+        rows += len(labels)
+    if not rows:
+        raise DataError(f"data.path: {root / 'train'} holds no rows")
+    return rows
+
+
+def load_parquet(cfg: DataConfig, read_train: bool = True) -> Splits:
+    """The splits; with ``read_train=False`` train is left empty for a streaming reader."""
     root = check_parquet_path(cfg.path)
     classes = read_classes(root)
+    if not read_train:
+        val = read_records(root / "val")
+        test = read_records(root / "test") if shard_files(root / "test") else val
+        return encoded_splits(cfg, {"train": [], "val": val, "test": test}, len(classes))
     train = read_records(root / "train")
     if not train:
         raise DataError(f"data.path: {root / 'train'} holds no rows")
