@@ -1,0 +1,85 @@
+"""The ray_data loader's preprocessing gives exactly the torch loader's samples (no Ray needed:
+``Preprocess`` is what ``map_batches`` calls), and eval rows are cut exactly once per rank."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from convoy.config import DataConfig
+from convoy.data.base import TensorImageDataset
+from convoy.data.encoded import EncodedImageDataset
+from convoy.data.ray_data import Preprocess, eval_rows_per_rank
+from convoy.data.registry import load_splits
+from convoy.errors import DataError
+
+
+def test_array_rows_match_the_torch_dataset() -> None:
+    splits = load_splits(DataConfig(name="digits"))
+    dataset = splits.test
+    assert isinstance(dataset, TensorImageDataset)
+    preprocess = Preprocess(
+        "array",
+        8,
+        tuple(dataset.mean.flatten().tolist()),
+        tuple(dataset.std.flatten().tolist()),
+        dataset.scale,
+    )
+    batch = {
+        "index": np.arange(5),
+        "image": dataset.images[:5].numpy(),
+        "label": dataset.labels[:5].numpy(),
+    }
+    out = preprocess(batch)
+    expected = torch.stack([dataset[i][0] for i in range(5)])
+    torch.testing.assert_close(torch.from_numpy(out["image"]), expected, rtol=0, atol=1e-6)
+    assert out["label"].tolist() == dataset.labels[:5].tolist()
+
+
+def test_encoded_rows_match_the_torch_dataset(imagefolder: Path) -> None:
+    dataset = load_splits(DataConfig(name="imagefolder", path=str(imagefolder))).val
+    assert isinstance(dataset, EncodedImageDataset)
+    records = dataset.records[:4]
+    batch = {
+        "index": np.arange(4),
+        "name": np.array([r.name for r in records]),
+        "path": np.array([str(r.path) for r in records]),
+        "label": np.array([r.label for r in records]),
+    }
+    out = Preprocess("encoded", 32)(batch)
+    expected = torch.stack([dataset[i][0] for i in range(4)])
+    assert torch.equal(torch.from_numpy(out["image"]), expected)
+    assert set(out) == {"index", "image", "label"}  # no bytes, paths or names leave
+
+
+def test_an_unreadable_row_names_its_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"nope")
+    batch = {"index": np.arange(1), "name": np.array([str(bad)]), "path": np.array([str(bad)]),
+             "label": np.zeros(1, dtype=np.int64)}  # fmt: skip
+    with pytest.raises(DataError, match=r"bad\.png: not an image Pillow can identify"):
+        Preprocess("encoded", 8)(batch)
+
+
+def test_augmentation_is_seeded_by_the_rows_of_the_batch() -> None:
+    images = np.random.default_rng(0).integers(0, 255, (6, 3, 8, 8)).astype(np.uint8)
+    preprocess = Preprocess("array", 8, crop_padding=2, flip=True, seed=3)
+
+    def run(indices: list[int]) -> np.ndarray:
+        batch = {"index": np.array(indices), "image": images, "label": np.zeros(6)}
+        return preprocess(batch)["image"]
+
+    assert np.array_equal(run([0, 1, 2, 3, 4, 5]), run([0, 1, 2, 3, 4, 5]))
+    assert not np.array_equal(run([0, 1, 2, 3, 4, 5]), run([5, 4, 3, 2, 1, 0]))
+
+
+@pytest.mark.parametrize(
+    ("size", "world", "expected"),
+    [(359, 2, [180, 179]), (10, 4, [3, 3, 3, 1]), (1, 3, [1, 0, 0]), (6, 3, [2, 2, 2])],
+)
+def test_eval_rows_cover_the_split_once(size: int, world: int, expected: list[int]) -> None:
+    assert eval_rows_per_rank(size, world) == expected
+    assert sum(expected) == size
