@@ -19,7 +19,9 @@ def exchange_beats(ctx: WorkerContext) -> dict[int, dict[str, Any]]:
     assert board.store is not None  # not the in-memory fallback
     board.write(ctx.rank, {"started": 10 + ctx.rank, "finished": 9 + ctx.rank, "time": 1.0})
     barrier()
-    return board.read(ctx.world_size)
+    beats = board.read(ctx.world_size)
+    barrier()  # rank 0 hosts the store: nobody leaves while a peer still reads it
+    return beats
 
 
 def test_every_rank_reads_every_rank_heartbeat() -> None:
