@@ -56,6 +56,9 @@ class RayDataConfig(Section):
     """Batches each train worker prefetches ahead of the step (iter_torch_batches)."""
     shuffle_buffer_rows: Annotated[int, Field(ge=0)] = 1024
     """Rows each train worker shuffles locally per epoch (after the block-order shuffle)."""
+    cache_eval_mib: Annotated[float, Field(ge=0)] = 1024
+    """Eval splits whose preprocessed tensors fit in this many MiB are preprocessed once and
+    kept in the object store; larger ones are streamed at every evaluation."""
 
 
 class DataConfig(Section):

@@ -23,7 +23,8 @@ Train is split over the workers by Ray Train (``streaming_split(equal=True)``): 
 gets floor(N / W) rows per epoch, in micro-batches with drop_last, so every epoch sees
 ``floor(floor(N / W) / micro) * micro * W`` samples, each at most once (the remainder rule).
 Evaluation does not use that split, since it drops rows: the driver cuts each eval split into
-one contiguous dataset per rank (``val_0``, ``val_1``, ...), so every row is read exactly once;
+one contiguous dataset per rank (``val_0``, ``val_1``, ...), so every row is read exactly once
+(preprocessed once and cached in the object store when small: ``cache_eval_mib``);
 ranks with fewer rows pad with masked batches so sharded models run the same collectives.
 
 Worker side (``ray_worker_data``): ``get_dataset_shard`` + ``iter_torch_batches`` with
@@ -45,7 +46,7 @@ import numpy as np
 import torch
 
 from convoy.config import Job
-from convoy.data.base import SizedDataset, TensorImageDataset, augment
+from convoy.data.base import SizedDataset, Splits, TensorImageDataset, augment
 from convoy.data.encoded import EncodedImageDataset, ImageRecord, decode_record, rgb_to_tensor
 from convoy.data.loaders import Batch, WorkerData
 from convoy.data.parquet import (
@@ -266,16 +267,27 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
     )
     datasets["train"] = _preprocessed(shuffled, preprocess, job, train=True)
     eval_rows: dict[str, list[int]] = {}
+    cache = _eval_bytes(splits) <= job.data.ray_data.cache_eval_mib * 2**20
     for split in EVAL_SPLITS:
         dataset = getattr(splits, split)
         eval_rows[split] = eval_rows_per_rank(len(dataset), world_size)
         start = 0
         for rank, rows in enumerate(eval_rows[split]):
             raw, preprocess = _raw_rows(dataset, range(start, start + rows))
-            datasets[f"{split}_{rank}"] = _preprocessed(raw, preprocess, job, train=False)
+            chunk = _preprocessed(raw, preprocess, job, train=False)
+            # Preprocessed once and kept in the object store: a streamed eval split starts
+            # its tasks again at every evaluation (measured: 10 s of a 11 s digits epoch).
+            datasets[f"{split}_{rank}"] = chunk.materialize() if cache else chunk
             start += rows
     sizes = {"train": train_rows, "val": len(splits.val), "test": len(splits.test)}
     return RayDataPlan(datasets, splits.shape, sizes, eval_rows, splits.skipped)
+
+
+def _eval_bytes(splits: Splits) -> int:
+    """What the preprocessed val and test splits take as float32 tensors."""
+    shape = splits.shape
+    sample = shape["in_channels"] * shape["image_size"] ** 2 * 4
+    return (len(splits.val) + len(splits.test)) * sample
 
 
 def _parquet_train(job: Job) -> tuple[Any, Preprocess, int]:
