@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 import torch
 from torch.utils.data import Dataset
+
+from convoy.errors import ConfigError
 
 
 class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -96,6 +99,13 @@ class Splits:
             "in_channels": self.in_channels,
             "image_size": self.image_size,
         }
+
+
+def given_path(path: str | None, expected: str) -> Path:
+    """``data.path`` as a Path, or a ``ConfigError`` saying what the source expects there."""
+    if not path:
+        raise ConfigError("data.path", path, expected)
+    return Path(path).expanduser()
 
 
 def seeded_split(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits, TensorImageDataset, seeded_split
+from convoy.data.base import Splits, TensorImageDataset, given_path, seeded_split
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError
 
@@ -84,9 +84,7 @@ def check_cifar10_path(path: str | None) -> Path:
         "cifar10 reads a directory with data_batch_1..5 and test_batch, or the "
         "cifar-10-python.tar.gz you give (Convoy never downloads)"
     )
-    if not path:
-        raise ConfigError("data.path", path, expected)
-    resolved = Path(path).expanduser()
+    resolved = given_path(path, expected)
     if not resolved.exists():
         raise ConfigError("data.path", path, f"that path does not exist; {expected}")
     return resolved

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits
+from convoy.data.base import Splits, given_path
 from convoy.data.encoded import (
     EncodedImageDataset,
     ImageRecord,
@@ -46,9 +46,7 @@ def list_files(split_dir: Path, classes: list[str]) -> list[ImageRecord]:
 
 def check_imagefolder_path(path: str | None) -> Path:
     expected = "imagefolder reads <path>/train/<class>/*.png and <path>/val/<class>/*.png"
-    if not path:
-        raise ConfigError("data.path", path, expected)
-    root = Path(path).expanduser()
+    root = given_path(path, expected)
     for split in ("train", "val"):
         if not (root / split).is_dir():
             raise ConfigError("data.path", path, f"there is no {split}/ folder in it; {expected}")

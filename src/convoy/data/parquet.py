@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits, seeded_split
+from convoy.data.base import Splits, given_path, seeded_split
 from convoy.data.encoded import ImageRecord, check_labels
 from convoy.data.imagefolder import encoded_splits
 from convoy.data.sources import DATA_SEED
@@ -28,9 +28,7 @@ COLUMNS = ("index", "image", "label", "name")
 
 def check_parquet_path(path: str | None) -> Path:
     expected = "parquet reads <path>/classes.json and <path>/train/*.parquet (convoy data convert)"
-    if not path:
-        raise ConfigError("data.path", path, expected)
-    root = Path(path).expanduser()
+    root = given_path(path, expected)
     if not (root / CLASSES_FILE).is_file() or not (root / "train").is_dir():
         raise ConfigError("data.path", path, f"no {CLASSES_FILE} or train/ in it; {expected}")
     return root

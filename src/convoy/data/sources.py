@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits, TensorImageDataset, seeded_split
+from convoy.data.base import Splits, TensorImageDataset, given_path, seeded_split
 from convoy.errors import ConfigError, DataError
 
 # The split of a dataset must not move when the training seed changes.
@@ -77,9 +77,7 @@ def check_numpy_path(path: str | None) -> Path:
         "numpy reads <path>/train.npz (and optional val.npz, test.npz) holding 'images' "
         "(N, H, W) or (N, H, W, C) uint8 and 'labels' (N,)"
     )
-    if not path:
-        raise ConfigError("data.path", path, expected)
-    root = Path(path).expanduser()
+    root = given_path(path, expected)
     if not (root / "train.npz").is_file():
         raise ConfigError("data.path", path, f"there is no train.npz in it; {expected}")
     return root
