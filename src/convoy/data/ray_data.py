@@ -261,7 +261,7 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
     else:
         train, preprocess = _raw_rows(splits.train, range(len(splits.train)))
         train_rows = len(splits.train)
-    preprocess = _with_seed(preprocess, job.run.seed)
+    preprocess = replace(preprocess, seed=job.run.seed)
     shuffled = train.randomize_block_order(
         seed=RandomSeedConfig(seed=job.run.seed, reseed_after_execution=True)
     )
@@ -306,10 +306,6 @@ def _parquet_train(job: Job) -> tuple[Any, Preprocess, int]:
     return dataset, preprocess, rows
 
 
-def _with_seed(preprocess: Preprocess, seed: int) -> Preprocess:
-    return replace(preprocess, seed=seed)
-
-
 # ---------------------------------------------------------------------------------------------
 # Worker side: shards -> the engine's batches
 
@@ -331,6 +327,7 @@ class RayTrainBatches:
         prefetch: int,
         shuffle_buffer: int,
         seed: int,
+        accum: int = 1,
     ) -> None:
         self.shard = shard
         self.micro_batch = micro_batch
@@ -340,7 +337,8 @@ class RayTrainBatches:
         self.seed = seed
         self.epoch = 0
         self.skip_micro = 0
-        self.accum = 1
+        self.accum = accum
+        """Micro-batches per optimizer step: a resumed step count skips this many each."""
         self.seen: list[int] | None = None
         """Set to a list to record the row indices handed out (for audits and tests)."""
 
@@ -418,8 +416,8 @@ def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) 
         job.data.ray_data.prefetch_batches,
         job.data.ray_data.shuffle_buffer_rows,
         seed=job.run.seed * 7919 + rank,
+        accum=accum,
     )
-    train.accum = accum
     evals = {
         split: RayEvalBatches(
             ray.train.get_dataset_shard(f"{split}_{rank}"),
