@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import Dataset
@@ -81,24 +81,28 @@ class SizedDataset(Protocol):
 
 @dataclass(frozen=True)
 class Splits:
-    """Train / val / test datasets plus what a model needs to know about a sample."""
+    """Train / val / test datasets plus what a model and a task need to know about them."""
 
     train: SizedDataset
     val: SizedDataset
     test: SizedDataset
-    num_classes: int
-    in_channels: int
-    image_size: int
+    shape: dict[str, int]
+    """Data-shaped model arguments (``num_classes``, ``in_channels``, ``image_size``,
+    ``vocab_size``, ``seq_len``, ``num_features``...): passed to factories that accept them."""
     skipped: tuple[str, ...] = ()
     """Records left out under ``data.on_bad_record: skip``, with the reason."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """Facts for the task and the summary that are not model arguments (a tokenizer's bytes
+    per token, reference metrics such as gzip's bits per byte)."""
 
     @property
-    def shape(self) -> dict[str, int]:
-        return {
-            "num_classes": self.num_classes,
-            "in_channels": self.in_channels,
-            "image_size": self.image_size,
-        }
+    def num_classes(self) -> int:
+        return int(self.shape["num_classes"])
+
+
+def image_shape(num_classes: int, in_channels: int, image_size: int) -> dict[str, int]:
+    """The shape of an image-classification dataset."""
+    return {"num_classes": num_classes, "in_channels": in_channels, "image_size": image_size}
 
 
 def given_path(path: str | None, expected: str) -> Path:

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits, TensorImageDataset, given_path, seeded_split
+from convoy.data.base import Splits, TensorImageDataset, given_path, image_shape, seeded_split
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError
 
@@ -125,7 +125,5 @@ def load_cifar10(cfg: DataConfig) -> Splits:
         subset(images[train_idx], labels[train_idx], train=True),
         subset(images[val_idx], labels[val_idx]),
         subset(torch.from_numpy(test_images), torch.from_numpy(test_labels)),
-        10,
-        3,
-        32,
+        image_shape(10, 3, 32),
     )

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits, given_path
+from convoy.data.base import Splits, given_path, image_shape
 from convoy.data.encoded import (
     EncodedImageDataset,
     ImageRecord,
@@ -89,8 +89,6 @@ def encoded_splits(cfg: DataConfig, records: dict[str, list[ImageRecord]], class
         EncodedImageDataset(kept["train"], size, cfg.augment_crop_padding, cfg.augment_flip),
         EncodedImageDataset(kept["val"], size),
         EncodedImageDataset(kept["test"], size),
-        classes,
-        3,
-        size,
+        image_shape(classes, 3, size),
         skipped=tuple(dict.fromkeys(skipped)),  # val doubles as test: report each record once
     )

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from torch.utils.data import DataLoader
@@ -53,6 +53,8 @@ class WorkerData:
     """Samples per split, over all ranks."""
     skipped: tuple[str, ...] = field(default=())
     """Records left out under ``data.on_bad_record: skip``."""
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The source's facts for the task and the summary (``Splits.meta``)."""
 
 
 class TorchTrainBatches:
@@ -143,4 +145,4 @@ def torch_worker_data(
         for split in (splits.val, splits.test)
     )
     sizes = {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}
-    return WorkerData(train, val, test, splits.shape, sizes, splits.skipped)
+    return WorkerData(train, val, test, splits.shape, sizes, splits.skipped, splits.meta)

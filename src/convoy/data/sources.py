@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits, TensorImageDataset, given_path, seeded_split
+from convoy.data.base import Splits, TensorImageDataset, given_path, image_shape, seeded_split
 from convoy.errors import ConfigError, DataError
 
 # The split of a dataset must not move when the training seed changes.
@@ -39,7 +39,7 @@ def load_digits(cfg: DataConfig) -> Splits:
         return TensorImageDataset(images[idx], labels[idx], mean, std, 1 / 16.0, crop, flip)
 
     train = subset(train_idx, train=True)
-    return Splits(train, subset(val_idx), subset(test_idx), 10, 1, 8)
+    return Splits(train, subset(val_idx), subset(test_idx), image_shape(10, 1, 8))
 
 
 def load_synthetic(cfg: DataConfig, num_classes: int = 10, channels: int = 3) -> Splits:
@@ -63,7 +63,7 @@ def load_synthetic(cfg: DataConfig, num_classes: int = 10, channels: int = 3) ->
 
     train = make(n_train, train=True)
     val, test = make(n_val), make(n_test)
-    return Splits(train, val, test, num_classes, channels, size)
+    return Splits(train, val, test, image_shape(num_classes, channels, size))
 
 
 def _channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
@@ -127,7 +127,5 @@ def load_numpy(cfg: DataConfig) -> Splits:
         dataset(images, labels, train=True),
         dataset(val_images, val_labels),
         dataset(test_images, test_labels),
-        num_classes,
-        images.shape[1],
-        images.shape[2],
+        image_shape(num_classes, images.shape[1], images.shape[2]),
     )
