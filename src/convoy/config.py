@@ -63,9 +63,22 @@ class RayDataConfig(Section):
 
 class DataConfig(Section):
     name: str = "digits"
-    """A registered dataset: digits, synthetic, cifar10, imagefolder, parquet, numpy."""
+    """A registered dataset (``convoy list``) or a user factory ``package.module:fn`` that
+    returns the splits (see the README's "Your own model, data and task")."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for a user data factory."""
     path: str | None = None
-    """Directory or archive for datasets read from disk (cifar10, imagefolder, parquet, numpy)."""
+    """Directory, file or archive for datasets read from disk (cifar10, imagefolder, parquet,
+    numpy; text: a .txt file, a folder of them, or parquet with a text column)."""
+    seq_len: Annotated[int, Field(gt=0)] = 128
+    """Tokens per training sequence (text): the corpus is packed into sequences this long."""
+    tokenizer: Literal["bpe", "bytes"] = "bpe"
+    """text: 'bpe' trains a byte-level BPE on the training split (tokenizers library);
+    'bytes' uses the 256 UTF-8 byte values (no training, no vocabulary file)."""
+    vocab_size: Annotated[int, Field(ge=257)] = 2048
+    """text with tokenizer 'bpe': the vocabulary size to train."""
+    text_column: str = "text"
+    """text from parquet: the column that holds the documents."""
     loader: Literal["torch", "ray_data"] = "torch"
     """torch: a DataLoader in every worker; ray_data: a Ray Data pipeline streamed into the
     Ray Train workers (needs scaling.launcher: ray)."""
