@@ -1,9 +1,13 @@
 """Model registry: a name (or ``package.module:factory``) -> a factory returning ``nn.Module``.
 
-Factories take keyword arguments only. The dataset supplies ``num_classes``, ``in_channels``
-and ``image_size`` unless the recipe's ``model.kwargs`` sets them, and those three are passed
-only to factories that accept them. Models that expose ``blocks`` (an ``nn.ModuleList``) get
-per-block sharding from the FSDP strategies; others are sharded as one unit.
+Built in: vision (``vit_course``, ``vit_tiny``, ``mlp``), causal language models (``gpt`` and
+the presets ``gpt_tiny``, ``gpt_small``, ``gpt_1b``).
+
+Factories take keyword arguments only. The dataset supplies its data-shaped arguments
+(``num_classes``, ``in_channels``, ``image_size``, ``vocab_size``, ``num_features``...) unless
+the recipe's ``model.kwargs`` sets them, and each is passed only to factories that accept it.
+Models that expose ``blocks`` (an ``nn.ModuleList``) get per-block sharding from the FSDP
+strategies; others are sharded as one unit.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from typing import Any
 from torch import nn
 
 from convoy.errors import ConfigError, one_of
+from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
 from convoy.models.mlp import MLP
 from convoy.models.vit import vit_course, vit_tiny
 
@@ -25,6 +30,10 @@ MODELS: dict[str, ModelFactory] = {
     "vit_course": vit_course,
     "vit_tiny": vit_tiny,
     "mlp": MLP,
+    "gpt": GPT,
+    "gpt_tiny": gpt_tiny,
+    "gpt_small": gpt_small,
+    "gpt_1b": gpt_1b,
 }
 DATA_SHAPED_KWARGS = ("num_classes", "in_channels", "image_size")
 

@@ -1,0 +1,139 @@
+"""A GPT-style causal language model on plain ``torch.nn``.
+
+Token and learned position embeddings, pre-norm decoder blocks (LayerNorm -> causal
+self-attention -> residual, LayerNorm -> GELU MLP -> residual), a final LayerNorm and an output
+head whose weight is the token embedding's (tied, as in GPT-2). Attention is
+``F.scaled_dot_product_attention(is_causal=True)``, so PyTorch picks a fused kernel where one
+exists. ``blocks`` is an ``nn.ModuleList`` of ``GPTBlock``: the FSDP strategies shard per block.
+
+The context length is a property of the model (the size of its position table), not of the
+data: a dataset's ``seq_len`` is not accepted, and a longer input is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+INIT_STD = 0.02
+"""GPT-2's standard deviation for every weight matrix and embedding."""
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, hidden: int, heads: int, dropout: float) -> None:
+        super().__init__()
+        if hidden % heads:
+            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
+        self.heads = heads
+        self.dropout = dropout
+        self.qkv = nn.Linear(hidden, 3 * hidden)
+        self.proj = nn.Linear(hidden, hidden)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        batch, tokens, hidden = x.shape
+        qkv = self.qkv(x).view(batch, tokens, 3, self.heads, hidden // self.heads)
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each: batch, heads, tokens, head_dim
+        dropout = self.dropout if self.training else 0.0
+        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
+        return self.proj(out.transpose(1, 2).reshape(batch, tokens, hidden))
+
+
+class GPTBlock(nn.Module):
+    def __init__(self, hidden: int, heads: int, mlp_ratio: float, dropout: float) -> None:
+        super().__init__()
+        mlp = round(hidden * mlp_ratio)
+        self.norm1 = nn.LayerNorm(hidden)
+        self.attn = CausalSelfAttention(hidden, heads, dropout)
+        self.norm2 = nn.LayerNorm(hidden)
+        self.mlp = nn.Sequential(nn.Linear(hidden, mlp), nn.GELU(), nn.Linear(mlp, hidden))
+        self.drop = nn.Dropout(dropout)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.norm1(x)))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+    def residual_projections(self) -> list[nn.Linear]:
+        """The two linears that write into the residual stream (scaled at init)."""
+        out = self.mlp[-1]
+        assert isinstance(out, nn.Linear)
+        return [self.attn.proj, out]
+
+
+class GPT(nn.Module):
+    """A decoder-only transformer: ``input_ids`` (B, T) -> next-token logits (B, T, vocab_size).
+
+    Initialised as GPT-2 / nanoGPT: every linear weight and embedding ~ N(0, 0.02), the two
+    residual projections of each block (attention output, MLP output) ~ N(0, 0.02 / sqrt(2 *
+    depth)) so the residual stream's variance does not grow with depth, every bias zero,
+    LayerNorms at weight 1 and bias 0. The output head shares the token embedding's weight.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int = 256,
+        context_length: int = 256,
+        depth: int = 4,
+        heads: int = 4,
+        hidden: int = 128,
+        mlp_ratio: float = 4.0,
+        dropout: float = 0.0,
+    ) -> None:
+        super().__init__()
+        self.context_length = context_length
+        self.token_embed = nn.Embedding(vocab_size, hidden)
+        self.pos_embed = nn.Embedding(context_length, hidden)
+        self.drop = nn.Dropout(dropout)
+        self.blocks = nn.ModuleList(
+            GPTBlock(hidden, heads, mlp_ratio, dropout) for _ in range(depth)
+        )
+        self.norm = nn.LayerNorm(hidden)
+        self.head = nn.Linear(hidden, vocab_size, bias=False)
+        self.head.weight = self.token_embed.weight  # tied: one Parameter, counted once
+        self._init_weights(depth)
+
+    def _init_weights(self, depth: int) -> None:
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=INIT_STD)
+                if module.bias is not None:
+                    nn.init.zeros_(module.bias)
+            elif isinstance(module, nn.Embedding):
+                nn.init.normal_(module.weight, std=INIT_STD)
+        residual_std = INIT_STD / math.sqrt(2 * depth)
+        for block in self.blocks:
+            assert isinstance(block, GPTBlock)
+            for linear in block.residual_projections():
+                nn.init.normal_(linear.weight, std=residual_std)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        tokens = input_ids.shape[1]
+        if tokens > self.context_length:
+            raise ValueError(
+                f"sequence length {tokens} is longer than the model's context_length "
+                f"{self.context_length}"
+            )
+        positions = torch.arange(tokens, device=input_ids.device)
+        x = self.drop(self.token_embed(input_ids) + self.pos_embed(positions))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+# Registered presets: ``functools.partial`` keeps GPT's signature, so the registry can check a
+# recipe's kwargs against it and every preset value stays overridable. Parameter counts are
+# measured by building on the meta device (tied head counted once).
+gpt_tiny = functools.partial(GPT, context_length=256, depth=4, heads=4, hidden=128)
+"""A CPU-sized GPT: hidden 128, 4 layers, 4 heads, context 256. 0.86 M parameters with the
+byte vocabulary (256), 1.09 M with a 2,048-token BPE vocabulary."""
+
+gpt_small = functools.partial(GPT, context_length=1024, depth=12, heads=12, hidden=768)
+"""GPT-2 small's shape: hidden 768, 12 layers, 12 heads, context 1024. 124.5 M parameters with
+GPT-2's padded vocabulary (50,304), 87.4 M with a 2,048-token vocabulary."""
+
+gpt_1b = functools.partial(GPT, context_length=2048, depth=20, heads=16, hidden=2048)
+"""A ~1.1 B model for multi-GPU FSDP: hidden 2048, 20 layers, 16 heads (head size 128),
+context 2048. 1.11 B parameters with a 50,304-token vocabulary, 1.02 B with 2,048 tokens."""
