@@ -63,6 +63,41 @@ def test_models_expose_blocks_as_module_list(name: str) -> None:
     assert len(model.blocks) > 0
 
 
+SERIES_SHAPE = {"num_classes": 4, "in_channels": 6, "seq_len": 100}  # UEA BasicMotions
+
+
+def assert_every_parameter_gets_a_gradient(model: nn.Module, inputs: torch.Tensor) -> None:
+    model(inputs).square().mean().backward()
+    for name, param in model.named_parameters():
+        assert param.grad is not None, name
+        assert param.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("length", [100, 37])
+@torch.no_grad()
+def test_conv1d_classifies_series_of_any_length(length: int) -> None:
+    model = build_model("conv1d", {}, SERIES_SHAPE)  # seq_len is not one of its arguments
+    logits = model(torch.randn(5, 6, length))
+    assert logits.shape == (5, 4)
+    assert torch.isfinite(logits).all()
+
+
+def test_conv1d_blocks_and_gradients() -> None:
+    model = build_model("conv1d", {"depth": 4, "hidden": 32}, SERIES_SHAPE)
+    assert isinstance(model.blocks, nn.ModuleList)
+    assert len(model.blocks) == 4
+    assert_every_parameter_gets_a_gradient(model, torch.randn(3, 6, 50))
+
+
+def test_conv1d_output_does_not_depend_on_the_batch() -> None:
+    # No BatchNorm: a sample's logits (and so DDP's training) do not depend on what else is in
+    # the batch, even in train mode.
+    model = build_model("conv1d", {"dropout": 0.0}, SERIES_SHAPE).train()
+    assert not any(isinstance(m, nn.modules.batchnorm._BatchNorm) for m in model.modules())
+    series = torch.randn(8, 6, 100)
+    torch.testing.assert_close(model(series)[:3], model(series[:3]))
+
+
 def test_attention_uses_scaled_dot_product_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     real = vit_module.F.scaled_dot_product_attention
     calls: list[tuple[int, ...]] = []
