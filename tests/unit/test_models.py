@@ -98,6 +98,20 @@ def test_conv1d_output_does_not_depend_on_the_batch() -> None:
     torch.testing.assert_close(model(series)[:3], model(series[:3]))
 
 
+@pytest.mark.parametrize("outputs", [1, 3])
+@torch.no_grad()
+def test_tabular_mlp_maps_rows_to_outputs(outputs: int) -> None:
+    model = build_model("tabular_mlp", {}, {"num_features": 10, "num_outputs": outputs})
+    assert model(torch.randn(7, 10)).shape == (7, outputs)
+
+
+def test_tabular_mlp_blocks_and_gradients() -> None:
+    model = build_model("tabular_mlp", {"depth": 3, "dropout": 0.1}, {"num_features": 5})
+    assert isinstance(model.blocks, nn.ModuleList)
+    assert len(model.blocks) == 3
+    assert_every_parameter_gets_a_gradient(model, torch.randn(16, 5))
+
+
 def test_attention_uses_scaled_dot_product_attention(monkeypatch: pytest.MonkeyPatch) -> None:
     real = vit_module.F.scaled_dot_product_attention
     calls: list[tuple[int, ...]] = []

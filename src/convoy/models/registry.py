@@ -1,8 +1,8 @@
 """Model registry: a name (or ``package.module:factory``) -> a factory returning ``nn.Module``.
 
 Built in: vision (``vit_course``, ``vit_tiny``, ``mlp``), causal language models (``gpt`` and
-the presets ``gpt_tiny``, ``gpt_small``, ``gpt_1b``) and a time-series classifier
-(``conv1d``).
+the presets ``gpt_tiny``, ``gpt_small``, ``gpt_1b``), a time-series classifier
+(``conv1d``) and a network for tabular rows (``tabular_mlp``).
 
 Factories take keyword arguments only. The dataset supplies its data-shaped arguments
 (``num_classes``, ``in_channels``, ``image_size``, ``vocab_size``, ``num_features``...) unless
@@ -24,6 +24,7 @@ from convoy.errors import ConfigError, one_of
 from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
 from convoy.models.mlp import MLP
 from convoy.models.sequence import Conv1dNet
+from convoy.models.tabular import TabularMLP
 from convoy.models.vit import vit_course, vit_tiny
 
 ModelFactory = Callable[..., nn.Module]
@@ -37,6 +38,7 @@ MODELS: dict[str, ModelFactory] = {
     "gpt_small": gpt_small,
     "gpt_1b": gpt_1b,
     "conv1d": Conv1dNet,
+    "tabular_mlp": TabularMLP,
 }
 DATA_SHAPED_KWARGS = ("num_classes", "in_channels", "image_size")
 
