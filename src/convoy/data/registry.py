@@ -14,6 +14,7 @@ from convoy.data.cifar10 import check_cifar10_path, load_cifar10
 from convoy.data.imagefolder import check_imagefolder_path, load_imagefolder
 from convoy.data.parquet import check_parquet_path, load_parquet
 from convoy.data.sources import check_numpy_path, load_digits, load_numpy, load_synthetic
+from convoy.data.text import check_text_path, load_text
 from convoy.errors import ConfigError, one_of
 
 DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
@@ -23,12 +24,14 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "imagefolder": load_imagefolder,
     "parquet": load_parquet,
     "numpy": load_numpy,
+    "text": load_text,
 }
 PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "cifar10": check_cifar10_path,
     "imagefolder": check_imagefolder_path,
     "parquet": check_parquet_path,
     "numpy": check_numpy_path,
+    "text": check_text_path,
 }
 
 

@@ -1,0 +1,340 @@
+"""The ``text`` source: a corpus of documents, tokenized and packed for language modeling.
+
+Reading. ``data.path`` is a ``.txt`` file (cut into chunks of 2-4k characters at blank lines),
+a folder of ``.txt`` files (recursively, in sorted order; one document per file), or a parquet
+file or folder whose ``data.text_column`` holds one document per row. Without a path the corpus
+is CPython's own ``pydoc_data.topics`` (79 help topics, ~465k characters), which ships with
+every Python, so a language model trains with no download.
+
+Splitting. Documents are shuffled with ``DATA_SEED`` and cut into test, val and train by
+their share of the characters (``data.test_fraction``, ``data.val_fraction``); every split
+gets at least one whole document, so no document is seen by two splits.
+
+Tokenizing. ``bpe`` trains a byte-level BPE (HuggingFace ``tokenizers``, the ``text`` extra) on
+the train split only, with ``data.vocab_size``. Training is deterministic (the same merges in
+every process and at any thread count), so every rank builds the same vocabulary without
+communicating, and nothing is cached on disk. ``bytes`` uses the 256 UTF-8 byte values.
+
+Packing. A split's documents, joined by ``"\\n"``, form one token stream. Sequence ``i`` is
+tokens ``[i*T, i*T + T + 1)`` (``T = data.seq_len``): its first ``T`` are the inputs and its
+last ``T`` the targets, so every token after the first is a target exactly once. The last
+sequence is padded: inputs with 0, targets with -100 (the ignore index).
+
+``Splits.meta`` carries ``token_bytes`` (the UTF-8 bytes each token id stands for, to turn a
+loss in nats per token into bits per byte) and ``reference_metrics``: gzip -9's bits per byte
+of each eval split's text, a baseline any useful model should beat.
+"""
+
+from __future__ import annotations
+
+import gzip
+import math
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from convoy.config import DataConfig
+from convoy.data.base import Splits
+from convoy.data.sources import DATA_SEED
+from convoy.errors import ConfigError, ConvoyError, DataError
+
+IGNORE_INDEX = -100
+PAD_ID = 0
+CHUNK_CHARS = (2000, 4000)
+"""A single .txt file is cut into documents of this many characters (at a blank line if any)."""
+ENCODE_BATCH_DOCS = 1024
+"""Documents per ``encode_batch`` call: bounds the memory of the tokenizer's outputs."""
+EXPECTED = (
+    "text reads a .txt file, a folder of .txt files, or a parquet file or folder with a "
+    "data.text_column; with no data.path it uses the embedded pydoc topics corpus"
+)
+
+
+# --- reading ----------------------------------------------------------------------------------
+
+
+def check_text_path(path: str | None) -> Path | None:
+    """The corpus location (None: the embedded corpus), or a ``ConfigError`` on data.path."""
+    if not path:
+        return None
+    root = Path(path).expanduser()
+    if root.is_file():
+        if root.suffix not in (".txt", ".parquet"):
+            raise ConfigError("data.path", path, f"not a .txt or .parquet file; {EXPECTED}")
+        return root
+    if not root.is_dir():
+        raise ConfigError("data.path", path, f"no such file or folder; {EXPECTED}")
+    if not _corpus_files(root):
+        raise ConfigError("data.path", path, f"no .txt or .parquet files in it; {EXPECTED}")
+    return root
+
+
+def _corpus_files(root: Path) -> list[Path]:
+    """A folder's .txt files, or (if it has none) its .parquet files; sorted, hidden ones left
+    out."""
+    for suffix in (".txt", ".parquet"):
+        files = sorted(
+            p
+            for p in root.rglob(f"*{suffix}")
+            if p.is_file() and not any(part.startswith(".") for part in p.relative_to(root).parts)
+        )
+        if files:
+            return files
+    return []
+
+
+def read_documents(cfg: DataConfig) -> list[str]:
+    """The corpus as documents in a fixed order, whitespace-only ones dropped."""
+    root = check_text_path(cfg.path)
+    if root is None:
+        docs = _pydoc_topics()
+    elif root.is_file() and root.suffix == ".txt":
+        docs = chunk_text(_read_txt(root))
+    elif root.is_file():
+        docs = _read_parquet(root, cfg.text_column)
+    else:
+        files = _corpus_files(root)
+        if files[0].suffix == ".txt":
+            docs = [_read_txt(f) for f in files]
+        else:
+            docs = [doc for f in files for doc in _read_parquet(f, cfg.text_column)]
+    docs = [doc for doc in docs if doc.strip()]
+    if not docs:
+        raise ConfigError("data.path", cfg.path, f"the corpus holds no text; {EXPECTED}")
+    return docs
+
+
+def _pydoc_topics() -> list[str]:
+    from pydoc_data.topics import topics
+
+    return [topics[name] for name in sorted(topics)]
+
+
+def _read_txt(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(
+            f"data.path: {path} is not UTF-8 text ({exc.reason} at byte {exc.start})"
+        ) from None
+
+
+def _read_parquet(path: Path, column: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    names = pq.read_schema(path).names
+    if column not in names:
+        raise ConfigError(
+            "data.text_column", column, f"{path} has no such column; it has {', '.join(names)}"
+        )
+    values = pq.read_table(path, columns=[column]).column(column).to_pylist()
+    if any(not isinstance(v, str) for v in values if v is not None):
+        raise ConfigError("data.text_column", column, f"{path}: the column must hold strings")
+    return [v for v in values if v]
+
+
+def chunk_text(text: str, sizes: tuple[int, int] = CHUNK_CHARS) -> list[str]:
+    """Cut one long text into documents of ``sizes[0]`` to ``sizes[1]`` characters: at the last
+    blank line in that window, else the last line break, else the last space."""
+    low, high = sizes
+    chunks, start = [], 0
+    while len(text) - start > high:
+        window = text[start + low : start + high]
+        for sep in ("\n\n", "\n", " "):
+            at = window.rfind(sep)
+            if at >= 0:
+                cut = start + low + at + len(sep)
+                break
+        else:
+            cut = start + high
+        chunks.append(text[start:cut].strip())
+        start = cut
+    chunks.append(text[start:].strip())
+    return [c for c in chunks if c]
+
+
+# --- splitting --------------------------------------------------------------------------------
+
+
+def split_documents(
+    docs: list[str], test_fraction: float, val_fraction: float, path: str | None = None
+) -> tuple[list[str], list[str], list[str]]:
+    """Test, val and train documents: a seeded shuffle cut by share of characters, each split
+    at least one document (a document goes where most of its characters fall)."""
+    if len(docs) < 3:
+        raise ConfigError(
+            "data.path",
+            path,
+            f"the corpus has {len(docs)} document(s), but test, val and train need at least one "
+            "each; give more text (a single .txt file is cut into chunks of "
+            f"{CHUNK_CHARS[0]}-{CHUNK_CHARS[1]} characters)",
+        )
+    order = torch.randperm(len(docs), generator=torch.Generator().manual_seed(DATA_SEED)).tolist()
+    shuffled = [docs[i] for i in order]
+    lengths = np.array([len(d) for d in shuffled], dtype=np.float64)
+    total = lengths.sum()
+    n_test = _docs_for_share(lengths, test_fraction * total, len(docs) - 2)
+    n_val = _docs_for_share(lengths[n_test:], val_fraction * total, len(docs) - n_test - 1)
+    val_end = n_test + n_val
+    return shuffled[:n_test], shuffled[n_test:val_end], shuffled[val_end:]
+
+
+def _docs_for_share(lengths: np.ndarray, chars: float, most: int) -> int:
+    """How many leading documents hold about ``chars`` characters: those whose middle character
+    lies before it; at least 1, at most ``most``."""
+    middles = np.cumsum(lengths) - lengths / 2
+    return min(max(1, int((middles < chars).sum())), most)
+
+
+# --- tokenizing -------------------------------------------------------------------------------
+
+
+class TextTokenizer(Protocol):
+    token_bytes: list[int]
+    """The UTF-8 bytes each token id stands for; its length is the vocabulary size."""
+
+    def encode(self, docs: list[str]) -> torch.Tensor:
+        """One int32 token stream of the documents joined by a newline."""
+
+
+class ByteTokenizer:
+    """UTF-8 bytes as tokens (vocabulary 256)."""
+
+    token_bytes = [1] * 256
+
+    def encode(self, docs: list[str]) -> torch.Tensor:
+        data = np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8)
+        return torch.from_numpy(data.astype(np.int32))
+
+
+class BPETokenizer:
+    """A byte-level BPE trained with HuggingFace ``tokenizers`` (no special tokens)."""
+
+    def __init__(self, train_docs: list[str], vocab_size: int) -> None:
+        try:
+            from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+        except ImportError:
+            raise ConvoyError(
+                "data.tokenizer 'bpe' needs HuggingFace tokenizers: pip install 'convoy[text]' "
+                "(or use data.tokenizer: bytes)"
+            ) from None
+        alphabet = pre_tokenizers.ByteLevel.alphabet()
+        self.tokenizer = Tokenizer(models.BPE())
+        self.tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        trainer = trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            min_frequency=2,
+            show_progress=False,
+            initial_alphabet=alphabet,
+        )
+        self.tokenizer.train_from_iterator(train_docs, trainer=trainer)
+        to_byte = byte_level_chars()
+        if set(to_byte) != set(alphabet):  # a tokenizers release that changed the alphabet
+            raise DataError("tokenizers' ByteLevel alphabet is not GPT-2's byte-to-unicode map")
+        vocab = self.tokenizer.get_vocab()
+        self.token_strings = [b""] * len(vocab)
+        for token, index in vocab.items():
+            self.token_strings[index] = bytes(to_byte[c] for c in token)
+        self.token_bytes = [len(s) for s in self.token_strings]
+        self.newline = vocab[next(c for c, b in to_byte.items() if b == ord("\n"))]
+
+    def encode(self, docs: list[str]) -> torch.Tensor:
+        parts: list[np.ndarray] = []
+        separator = np.array([self.newline], dtype=np.int32)
+        for start in range(0, len(docs), ENCODE_BATCH_DOCS):
+            batch = docs[start : start + ENCODE_BATCH_DOCS]
+            for encoding in self.tokenizer.encode_batch_fast(batch, add_special_tokens=False):
+                parts += [separator, np.asarray(encoding.ids, dtype=np.int32)]
+        return torch.from_numpy(np.concatenate(parts[1:]))
+
+
+def byte_level_chars() -> dict[str, int]:
+    """The byte each character of a ByteLevel token stands for: GPT-2's byte-to-unicode map
+    (printable Latin-1 bytes map to themselves, the other 68 to U+0100 onward)."""
+    printable = [
+        *range(ord("!"), ord("~") + 1),
+        *range(ord("¡"), ord("¬") + 1),
+        *range(ord("®"), ord("ÿ") + 1),
+    ]
+    chars = {b: chr(b) for b in printable}
+    for extra, b in enumerate(b for b in range(256) if b not in chars):
+        chars[b] = chr(256 + extra)
+    return {c: b for b, c in chars.items()}
+
+
+def build_tokenizer(cfg: DataConfig, train_docs: list[str]) -> TextTokenizer:
+    if cfg.tokenizer == "bytes":
+        return ByteTokenizer()
+    return BPETokenizer(train_docs, cfg.vocab_size)
+
+
+# --- packing ----------------------------------------------------------------------------------
+
+
+class PackedSequences(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """A token stream as overlapping windows of ``seq_len + 1``: (inputs, targets shifted by
+    one); every token but the first is a target once; the tail is padded (targets -100)."""
+
+    def __init__(self, tokens: torch.Tensor, seq_len: int) -> None:
+        self.tokens = tokens
+        self.seq_len = seq_len
+
+    def __len__(self) -> int:
+        return max(0, math.ceil((len(self.tokens) - 1) / self.seq_len))
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        size = len(self)
+        if not -size <= index < size:
+            raise IndexError(f"sequence {index} of {size}")
+        start = (index % size) * self.seq_len
+        window = self.tokens[start : start + self.seq_len + 1].long()
+        real = len(window) - 1
+        inputs = torch.full((self.seq_len,), PAD_ID, dtype=torch.long)
+        targets = torch.full((self.seq_len,), IGNORE_INDEX, dtype=torch.long)
+        inputs[:real], targets[:real] = window[:-1], window[1:]
+        return inputs, targets
+
+
+def gzip_bits_per_byte(data: bytes) -> float:
+    """gzip -9's compressed size in bits per byte of ``data``: a reference for a model's bpb."""
+    return 8 * len(gzip.compress(data, compresslevel=9)) / len(data)
+
+
+# --- the source -------------------------------------------------------------------------------
+
+
+def load_text(cfg: DataConfig) -> Splits:
+    """A text corpus as packed next-token sequences; see the module docstring."""
+    docs = read_documents(cfg)
+    test_docs, val_docs, train_docs = split_documents(
+        docs, cfg.test_fraction, cfg.val_fraction, cfg.path
+    )
+    tokenizer = build_tokenizer(cfg, train_docs)
+    train_tokens = tokenizer.encode(train_docs)
+    if cfg.train_size is not None:  # a cap on training sequences
+        train_tokens = train_tokens[: cfg.train_size * cfg.seq_len + 1]
+    datasets = {
+        name: PackedSequences(tokens, cfg.seq_len)
+        for name, tokens in (
+            ("train", train_tokens),
+            ("val", tokenizer.encode(val_docs)),
+            ("test", tokenizer.encode(test_docs)),
+        )
+    }
+    for name, dataset in datasets.items():
+        if len(dataset) == 0:
+            raise ConfigError(
+                "data.path", cfg.path, f"the {name} split has fewer than 2 tokens; give more text"
+            )
+    meta: dict[str, Any] = {
+        "token_bytes": list(tokenizer.token_bytes),
+        "reference_metrics": {
+            f"{name}/gzip_bpb": gzip_bits_per_byte("\n".join(split).encode("utf-8"))
+            for name, split in (("val", val_docs), ("test", test_docs))
+        },
+    }
+    shape = {"vocab_size": len(tokenizer.token_bytes), "seq_len": cfg.seq_len}
+    return Splits(datasets["train"], datasets["val"], datasets["test"], shape, meta=meta)
