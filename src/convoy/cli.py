@@ -24,7 +24,8 @@ EXAMPLES = """\
 examples:
   convoy train recipes/default.yaml
   convoy train recipes/default.yaml -o strategy.name=fsdp2 -o scaling.num_workers=2
-  convoy train recipes/digits_mlp_local.yaml -o optim.lr=3e-3 -o run.epochs=5
+  convoy train recipes/digits_mlp.yaml -o optim.lr=3e-3 -o run.epochs=5
+  convoy train recipes/lm_tiny.yaml -o scaling.launcher=torchrun
   convoy config show recipes/default.yaml -o scaling.launcher=torchrun
   convoy data convert ~/data/cifar-10-python.tar.gz ~/data/cifar10-parquet
 """
@@ -158,7 +159,9 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_config_show(args: argparse.Namespace) -> int:
-    print(job_to_yaml(load_job(args.recipe, args.override)), end="")
+    from convoy.preflight import preflight
+
+    print(job_to_yaml(preflight(load_job(args.recipe, args.override))), end="")
     return 0
 
 
@@ -188,10 +191,10 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     export_dir = Path(args.export)
     recorded = json.loads((export_dir / MODEL_FILE).read_text()).get("metrics", {})
     measured = evaluate_exported(export_dir, args.override)
-    print(f"{'metric':<14}{'measured':>12}{'recorded':>12}")
+    print(f"{'metric':<16}{'measured':>14}{'recorded':>14}")
     for key, value in measured.items():
         before = recorded.get(key)
-        print(f"{key:<14}{value:>12.6f}" + (f"{before:>12.6f}" if before is not None else ""))
+        print(f"{key:<16}{value:>14.6f}" + (f"{before:>14.6f}" if before is not None else ""))
     return 0
 
 
@@ -209,39 +212,62 @@ def cmd_list(_: argparse.Namespace) -> int:
 
 
 def format_summary(summary: dict[str, Any], run_dir: str) -> str:
-    """The table printed at the end of ``convoy train``."""
-    metrics = summary["metrics"]
-    columns = ("loss", "acc", "top5", "f1", "samples")
-    lines = ["", f"{'split':<8}" + "".join(f"{c:>10}" for c in columns)]
+    """The table printed at the end of ``convoy train``: every metric of every split, the
+    data's reference figures (e.g. gzip's bits per byte) beside them."""
+    metrics = dict(summary["metrics"])
+    references = summary.get("reference_metrics") or {}
+    columns = _metric_columns(metrics, references)
+    lines = ["", f"{'split':<8}" + "".join(f"{c:>12}" for c in columns)]
     for split in ("train", "val", "test"):
         if f"{split}/loss" not in metrics:
             continue
-        cells = []
-        for column in columns:
-            value = metrics.get(f"{split}/{column}")
-            if value is None:
-                cells.append(f"{'-':>10}")
-            elif column in ("acc", "top5"):
-                cells.append(f"{100 * value:>9.2f}%")
-            elif column == "samples":
-                cells.append(f"{int(value):>10}")
-            else:
-                cells.append(f"{value:>10.4f}")
+        cells = [_cell(column, metrics.get(f"{split}/{column}")) for column in columns]
         lines.append(f"{split:<8}" + "".join(cells))
+    for key, value in references.items():
+        lines.append(f"reference {key}: {value:.4f}")
     memory = ", ".join(f"{m / 2**20:,.0f}" for m in summary["peak_memory_bytes_per_rank"])
     step = summary["step_seconds_median"]
     lines += [
         "",
+        f"{summary.get('task', 'classification')}: "
         f"{summary['strategy']} x {summary['world_size']} on {summary['launcher']}, "
         f"{summary['precision']}, {summary['steps']} steps",
         f"wall {summary['wall_seconds']:.1f} s | {summary['samples_per_second']:,.0f} samples/s | "
-        f"step {1000 * step:.1f} ms (median) | data wait {100 * summary['data_wait_fraction']:.1f}%"
+        + (
+            f"{summary['tokens_per_second']:,.0f} tokens/s | "
+            if "tokens_per_second" in summary
+            else ""
+        )
+        + f"step {1000 * step:.1f} ms (median) | data wait {100 * summary['data_wait_fraction']:.1f}%"
         if step is not None
         else f"wall {summary['wall_seconds']:.1f} s",
         f"peak memory per rank (MiB): {memory}",
         f"run dir: {run_dir}",
     ]
     return "\n".join(lines)
+
+
+COUNT_COLUMNS = ("samples", "tokens")
+PERCENT_COLUMNS = ("acc", "top5")
+
+
+def _metric_columns(metrics: dict[str, float], references: dict[str, float]) -> list[str]:
+    """Metric names in the order first seen (loss first, counts last), plus references."""
+    names = dict.fromkeys(["loss"])
+    for key in [*metrics, *references]:
+        names.setdefault(key.partition("/")[2])
+    ordered = [n for n in names if n not in COUNT_COLUMNS and n != "bytes"]
+    return ordered + [n for n in COUNT_COLUMNS if n in names]
+
+
+def _cell(column: str, value: float | None) -> str:
+    if value is None:
+        return f"{'-':>12}"
+    if column in PERCENT_COLUMNS:
+        return f"{100 * value:>11.2f}%"
+    if column in COUNT_COLUMNS:
+        return f"{int(value):>12}"
+    return f"{value:>12.4f}"
 
 
 def cmd_data(args: argparse.Namespace) -> int:

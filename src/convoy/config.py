@@ -1,10 +1,12 @@
 """The job config: one frozen, validated pydantic model built from a YAML recipe plus overrides.
 
-A ``Job`` has the sections ``model``, ``data``, ``optim``, ``strategy``, ``precision``,
-``scaling``, ``run``, ``checkpoint`` and ``fault``. Every section forbids unknown keys, so a misspelled key fails at load
-time with a suggestion instead of being silently ignored. Checks that span sections (global
-batch divisible by workers x accumulation, fp16 needs a GPU, a registered model and dataset)
-run once the whole job is known, before any worker starts.
+A ``Job`` has the sections ``task``, ``model``, ``data``, ``optim``, ``strategy``,
+``precision``, ``scaling``, ``run``, ``checkpoint`` and ``fault``. Every section forbids unknown
+keys, so a misspelled key fails at load time with a suggestion instead of being silently
+ignored. Checks that span sections (global batch divisible by workers x accumulation, fp16
+needs a GPU) run once the whole job is known. The schema is pure: checks that import code,
+read files or build the model and data live in ``convoy.preflight``, run once in the driver
+before any worker starts.
 """
 
 from __future__ import annotations
@@ -33,11 +35,20 @@ class Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", protected_namespaces=())
 
 
+class TaskConfig(Section):
+    name: str = "classification"
+    """What a batch is, the loss and the metrics: classification, language_modeling,
+    regression, or the user's own ``package.module:Class`` (a ``convoy.tasks.Task``)."""
+    kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments for the task's constructor."""
+
+
 class ModelConfig(Section):
     name: str = "vit_tiny"
     """A registered model name (see ``convoy.models``) or a user factory ``package.module:fn``."""
     kwargs: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for the factory; ``num_classes``, ``in_channels`` and ``image_size``
+    """Keyword arguments for the factory; data-shaped ones the factory accepts
+    (``num_classes``, ``in_channels``, ``image_size``, ``vocab_size``, ``num_features``...)
     default to the dataset's."""
 
 
@@ -190,7 +201,7 @@ class ScalingConfig(Section):
 
 class RunConfig(Section):
     name: str | None = None
-    """Run directory name; unnamed runs get ``<model>-<data>-<strategy>-<timestamp>``."""
+    """Run directory name; unnamed runs get ``<model>-<data>-<strategy>-<timestamp>-<id>``."""
     storage_dir: str = "runs"
     """Root for run outputs, ``<storage_dir>/<name>/``: a local or shared (NFS) path, or
     ``s3://bucket/prefix`` (an S3-compatible server via ``AWS_ENDPOINT_URL``)."""
@@ -235,8 +246,12 @@ class CheckpointConfig(Section):
     """Write shards in the background (dcp.async_save) while training continues."""
     keep_best: Annotated[int, Field(ge=0)] = 0
     """Also keep this many best checkpoints by ``best_metric`` (as of their save)."""
-    best_metric: Literal["val/loss", "val/acc", "val/top5", "val/f1"] = "val/loss"
-    best_mode: Literal["min", "max"] = "min"
+    best_metric: str = "val/loss"
+    """A ``val/`` or ``train/`` metric the task reports (``val/acc``, ``val/bpb``, ``val/r2``...);
+    checked against the task before the run starts."""
+    best_mode: Literal["auto", "min", "max"] = "auto"
+    """Which way is better for ``best_metric``; auto: the task's (min for losses, max for
+    accuracy and R²)."""
     resume: bool = True
     """Continue from the latest committed checkpoint in the run directory, if there is one."""
 
@@ -260,6 +275,7 @@ class FaultConfig(Section):
 class Job(Section):
     """A whole training job."""
 
+    task: TaskConfig = Field(default_factory=TaskConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     data: DataConfig = Field(default_factory=DataConfig)
     optim: OptimConfig = Field(default_factory=OptimConfig)
@@ -344,12 +360,6 @@ def check_job(job: Job) -> None:
             workers,
             "the 'local' launcher runs one in-process worker; use 'torchrun' or 'ray' for more",
         )
-    # Registries are imported here, not at module top, to keep config import light.
-    from convoy.data.registry import check_dataset
-    from convoy.models.registry import check_model
-
-    check_model(job.model.name, job.model.kwargs)
-    check_dataset(job.data)
 
 
 # ---------------------------------------------------------------------------------------------

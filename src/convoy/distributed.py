@@ -98,13 +98,13 @@ def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
 
-def all_reduce_mean(values: torch.Tensor) -> torch.Tensor:
-    """Mean of ``values`` over all ranks (identity without a process group)."""
+def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
+    """Sum of ``values`` over all ranks (identity without a process group)."""
     if not is_distributed():
         return values
     reduced = values.detach().clone()
     dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
-    return reduced / dist.get_world_size()
+    return reduced
 
 
 def all_gather_objects(value: Any) -> list[Any]:

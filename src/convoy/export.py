@@ -79,20 +79,27 @@ def load_exported(export_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
 
 
 def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> dict[str, float]:
-    """Test metrics of an exported model, in one process, on its job's dataset."""
+    """Test metrics of an exported model, in one process, on its job's dataset, plus the
+    data's reference figures for the test split (e.g. ``test/gzip_bpb``)."""
     from convoy.data.loaders import eval_loader
-    from convoy.data.registry import load_splits
+    from convoy.data.registry import check_dataset, load_splits
     from convoy.engine.amp import Precision
     from convoy.engine.evaluate import evaluate
     from convoy.metrics import MetricsManager
     from convoy.strategies.single import SingleStrategy
+    from convoy.tasks import build_task
 
     model, description = load_exported(export_dir)
-    # Overrides fix what moved since training, e.g. -o data.path=...
-    data = job_from_dict(apply_overrides(description["job"], overrides or []))
-    splits = load_splits(data.data)
+    # Overrides fix what moved since training, e.g. -o data.path=...; the recorded job is
+    # checked only after they apply.
+    job = job_from_dict(apply_overrides(description["job"], overrides or []))
+    check_dataset(job.data)
+    splits = load_splits(job.data)
+    task = build_task(job.task.name, job.task.kwargs)
     device = torch.device("cpu")
-    loader = eval_loader(splits.test, data.data.eval_batch_size, 1, 0)
+    loader = eval_loader(splits.test, job.data.eval_batch_size, 1, 0)
     precision = Precision(torch.float32, device, SingleStrategy(None, device, torch.float32))
-    metrics = MetricsManager(splits.num_classes, device)
-    return evaluate(model, loader, "test", metrics, precision, device)
+    metrics = MetricsManager(task, splits.shape, device, splits.meta)
+    measured = evaluate(model, task, loader, "test", metrics, precision, device)
+    references = splits.meta.get("reference_metrics", {})
+    return measured | {k: v for k, v in references.items() if k.startswith("test/")}

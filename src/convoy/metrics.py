@@ -1,21 +1,25 @@
-"""MetricsManager: torchmetrics per split, synchronized over every rank.
+"""MetricsManager: a task's torchmetrics per split, synchronized over every rank.
 
 Ray Train keeps only rank 0's reported metrics; here each metric's state (sums and counts,
 not averages) is reduced over all ranks when computed, so a metric is the one a single
-process would compute on the whole split. The loss is summed in float64 so the distributed
-value matches the single-process one to rounding.
+process would compute on the whole split. The loss is the task's loss *sum* accumulated in
+float64 with its count (samples or tokens), so the distributed mean matches the
+single-process one to rounding.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-import torch.nn.functional as F
 from torchmetrics import Metric, MetricCollection
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from convoy.batches import batch_rows
+from convoy.tasks.base import Task
 
 
-class MeanLoss(Metric):
-    """Mean per-sample cross-entropy, accumulated as a float64 sum and a count."""
+class LossSum(Metric):
+    """A float64 loss sum and the count it is summed over; ``compute`` is their ratio."""
 
     full_state_update = False
     total: torch.Tensor
@@ -26,16 +30,15 @@ class MeanLoss(Metric):
         self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
         self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
-        losses = F.cross_entropy(logits.double(), target, reduction="sum")
-        self.total += losses
-        self.count += target.numel()
+    def update(self, loss_sum: torch.Tensor, count: torch.Tensor) -> None:
+        self.total += loss_sum.detach().double()
+        self.count += count.detach().long()
 
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count.clamp_min(1)
+    def compute(self) -> dict[str, torch.Tensor]:
+        return {"loss": self.total / self.count.clamp_min(1), "count": self.count}
 
 
-class SampleCount(Metric):
+class RowCount(Metric):
     """How many samples were counted over all ranks (proves each was counted once)."""
 
     full_state_update = False
@@ -45,43 +48,86 @@ class SampleCount(Metric):
         super().__init__()
         self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, logits: torch.Tensor, target: torch.Tensor) -> None:
-        self.count += target.numel()
+    def update(self, rows: int) -> None:
+        self.count += rows
 
     def compute(self) -> torch.Tensor:
         return self.count
 
 
-def _split_metrics(num_classes: int) -> MetricCollection:
-    metrics: dict[str, Metric] = {
-        "loss": MeanLoss(),
-        "samples": SampleCount(),
-        "acc": MulticlassAccuracy(num_classes, average="micro"),
-        "f1": MulticlassF1Score(num_classes, average="macro"),
-    }
-    if num_classes > 5:
-        metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
-    # compute_groups would merge metrics whose states match after the first batch (top-5 and
-    # f1 can), and the merge may differ per rank: keep every metric's own state.
-    return MetricCollection(metrics, compute_groups=False)  # type: ignore[arg-type]
+class SplitMetrics:
+    """One split's loss, sample count and task metrics."""
+
+    def __init__(
+        self, task: Task, shape: dict[str, int], meta: dict[str, Any], device: torch.device
+    ) -> None:
+        self.task = task
+        self.loss = LossSum().to(device)
+        self.rows = RowCount().to(device)
+        # compute_groups would merge metrics whose states match after the first batch (top-5
+        # and f1 can), and the merge may differ per rank: keep every metric's own state.
+        self.collection = MetricCollection(
+            task.metrics(shape, meta),  # type: ignore[arg-type]
+            compute_groups=False,
+        ).to(device)
+
+    def update(
+        self, outputs: Any, targets: Any, loss_sum: torch.Tensor, count: torch.Tensor
+    ) -> None:
+        self.loss.update(loss_sum, count)
+        self.rows.update(batch_rows(targets))
+        if self.collection:
+            self.collection.update(*self.task.metric_inputs(outputs, targets))
+
+    def compute(self) -> dict[str, float]:
+        loss = self.loss.compute()
+        values: dict[str, float] = {
+            "loss": float(loss["loss"]),
+            "samples": int(self.rows.compute()),
+        }
+        if self.task.count_name != "samples":
+            values[self.task.count_name] = int(loss["count"])
+        if self.collection:
+            values |= {k: float(v) for k, v in self.collection.compute().items()}
+        values |= self.task.derived(values)
+        for metric in (self.loss, self.rows, self.collection):
+            metric.reset()
+        return values
 
 
 class MetricsManager:
-    """One metric collection per split (train / val / test)."""
+    """One ``SplitMetrics`` per split (train / val / test)."""
 
     SPLITS = ("train", "val", "test")
 
-    def __init__(self, num_classes: int, device: torch.device) -> None:
-        self.collections = {s: _split_metrics(num_classes).to(device) for s in self.SPLITS}
+    def __init__(
+        self,
+        task: Task,
+        shape: dict[str, int],
+        device: torch.device,
+        meta: dict[str, Any] | None = None,
+    ) -> None:
+        self.task = task
+        self.splits = {s: SplitMetrics(task, shape, meta or {}, device) for s in self.SPLITS}
 
-    def update(self, split: str, logits: torch.Tensor, target: torch.Tensor) -> None:
-        """Accumulate a batch (only genuine samples: callers drop eval padding first)."""
-        self.collections[split].update(logits.detach().float(), target)
+    def update(
+        self,
+        split: str,
+        outputs: Any,
+        targets: Any,
+        loss_sum: torch.Tensor | None = None,
+        count: torch.Tensor | None = None,
+    ) -> None:
+        """Accumulate a batch (only genuine samples: callers drop eval padding first).
+
+        ``loss_sum`` and ``count`` are the task's, computed here when the caller has not.
+        """
+        if loss_sum is None:
+            loss_sum = self.task.loss_sum(outputs, targets)
+        if count is None:
+            count = self.task.count(targets)
+        self.splits[split].update(outputs, targets, loss_sum, count)
 
     def compute(self, split: str) -> dict[str, float]:
         """Reduce over all ranks and return ``{"<split>/<metric>": value}``; then reset."""
-        collection = self.collections[split]
-        values = {f"{split}/{k}": float(v) for k, v in collection.compute().items()}
-        values[f"{split}/samples"] = int(values[f"{split}/samples"])
-        collection.reset()
-        return values
+        return {f"{split}/{k}": v for k, v in self.splits[split].compute().items()}

@@ -6,14 +6,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from convoy.batches import batch_rows, first_rows, move_to
 from convoy.data.loaders import EvalBatches
 from convoy.engine.amp import Precision
 from convoy.metrics import MetricsManager
+from convoy.tasks import Task
 
 
 @torch.no_grad()
 def evaluate(
     model: nn.Module,
+    task: Task,
     loader: EvalBatches,
     split: str,
     metrics: MetricsManager,
@@ -24,13 +27,13 @@ def evaluate(
     was_training = model.training
     model.eval()
     remaining = loader.num_real
-    for images, labels in loader:
-        images, labels = images.to(device, non_blocking=True), labels.to(device)
+    for inputs, targets in loader:
+        inputs, targets = move_to(inputs, device), move_to(targets, device)
         with precision.autocast():
-            logits = model(images)
-        keep = min(len(labels), remaining)
+            outputs = task.forward(model, inputs)
+        keep = min(batch_rows(targets), remaining)
         if keep > 0:
-            metrics.update(split, logits[:keep], labels[:keep])
+            metrics.update(split, first_rows(outputs, keep), first_rows(targets, keep))
         remaining -= keep
     model.train(was_training)
     return metrics.compute(split)

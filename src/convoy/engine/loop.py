@@ -19,9 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 
+from convoy.batches import move_to
 from convoy.checkpoint import (
     META_FILE,
     BestPolicy,
@@ -36,7 +36,7 @@ from convoy.data.registry import load_splits
 from convoy.distributed import (
     WorkerContext,
     all_gather_objects,
-    all_reduce_mean,
+    all_reduce_sum,
     default_threads,
     join_process_group,
     peak_memory_bytes,
@@ -54,6 +54,7 @@ from convoy.outputs import RunOutputs
 from convoy.storage import RunStorage
 from convoy.strategies import Strategy, build_strategy
 from convoy.strategies.base import dtype_from_name
+from convoy.tasks import Task, build_task
 
 # Steps excluded from the steady-state step time (allocator and thread-pool warm-up).
 WARMUP_STEPS_EXCLUDED = 3
@@ -76,6 +77,8 @@ class Timers:
     data_wait_seconds: float = 0.0
     train_seconds: float = 0.0
     samples: int = 0
+    units: torch.Tensor | float = 0.0
+    """What the task counts (samples, real tokens) over all ranks, kept on the device."""
 
 
 @dataclass
@@ -87,8 +90,10 @@ class TrainState:
     scheduler: torch.optim.lr_scheduler.LambdaLR
     strategy: Strategy
     precision: Precision
+    task: Task
     metrics: MetricsManager
     rank: int = 0
+    world_size: int = 1
     attempt: int = 1
     data_shape: dict[str, int] = field(default_factory=dict)
     job_record: dict[str, Any] = field(default_factory=dict)
@@ -159,7 +164,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     total_steps = job.run.epochs * steps_per_epoch
     if job.run.max_steps is not None:
         total_steps = min(total_steps, job.run.max_steps)
-    state = _build_state(job, ctx, data.shape, strategy, total_steps)
+    state = _build_state(job, ctx, data, strategy, total_steps)
     state.timers = timers
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
@@ -183,6 +188,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         final = _run_epochs(job, ctx, state, data, start, steps, outputs, progress)
     summary = _summary(job, ctx, state, final, total_steps)
     summary["skipped_records"] = list(data.skipped)
+    summary["reference_metrics"] = dict(data.meta.get("reference_metrics", {}))
     outputs.write_summary(summary)
     return summary
 
@@ -216,9 +222,8 @@ def _run_epochs(
         if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
             values |= _evaluate(state, data.val, "val", ctx)
         outputs.log({"kind": "epoch", "epoch": epoch + 1, "step": state.step, **values})
-        progress.line(
-            format_epoch(epoch, job.run.epochs, values, time.perf_counter() - epoch_start)
-        )
+        seconds = time.perf_counter() - epoch_start
+        progress.line(format_epoch(epoch, job.run.epochs, values, seconds, state.task))
         final |= values
         state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
@@ -245,7 +250,8 @@ def _restore(
     if not job.checkpoint.enabled:
         return Position(0, 0, 0)
     cfg = job.checkpoint
-    best = BestPolicy(cfg.keep_best, cfg.best_metric, cfg.best_mode) if cfg.keep_best else None
+    mode = state.task.best_mode(cfg.best_metric) if cfg.best_mode == "auto" else cfg.best_mode
+    best = BestPolicy(cfg.keep_best, cfg.best_metric, mode) if cfg.keep_best else None
     state.checkpoints = CheckpointManager(
         storage, ctx, cfg.keep_latest, best, reporter=ctx.checkpoint_reporter
     )
@@ -304,14 +310,17 @@ def _worker_data(job: Job, ctx: WorkerContext) -> WorkerData:
 
 
 def _build_state(
-    job: Job, ctx: WorkerContext, shape: dict[str, int], strategy: Strategy, total_steps: int
+    job: Job, ctx: WorkerContext, data: WorkerData, strategy: Strategy, total_steps: int
 ) -> TrainState:
+    shape = data.shape
+    task = build_task(job.task.name, job.task.kwargs)
     model = build_model(job.model.name, job.model.kwargs, shape)
     no_decay = no_decay_names(model)
     model = strategy.wrap(model)
     optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
     return TrainState(
         rank=ctx.rank,
+        world_size=ctx.world_size,
         data_shape=shape,
         job_record=job.model_dump(mode="json"),
         model=model,
@@ -319,7 +328,8 @@ def _build_state(
         scheduler=build_scheduler(optimizer, job.optim, total_steps),
         strategy=strategy,
         precision=Precision(dtype_from_name(job.precision), ctx.device, strategy),
-        metrics=MetricsManager(shape["num_classes"], ctx.device),
+        task=task,
+        metrics=MetricsManager(task, shape, ctx.device, data.meta),
     )
 
 
@@ -344,15 +354,16 @@ def _train_epoch(
         step_start = time.perf_counter()
         micro_batches = [next(batches) for _ in range(accum)]
         data_ready = time.perf_counter()
-        loss = _optimizer_step(job, state, micro_batches)
+        loss_sum, global_count = _optimizer_step(job, state, micro_batches)
         step_end = time.perf_counter()
         state.step += 1
         state.steps_into_epoch += 1
         if state.heartbeat:
             state.heartbeat.beat(state.step, state.step)
         _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
+        state.timers.units += global_count
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
-            _log_step(state, epoch, loss, outputs, progress)
+            _log_step(state, epoch, loss_sum, global_count, outputs, progress)
         every = job.checkpoint.every_steps
         if every and state.step % every == 0 and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
@@ -360,21 +371,31 @@ def _train_epoch(
 
 
 def _optimizer_step(
-    job: Job, state: TrainState, micro_batches: list[tuple[torch.Tensor, torch.Tensor]]
-) -> torch.Tensor:
-    """Forward/backward every micro-batch, then clip and step; returns the mean loss."""
-    model, precision, device = state.model, state.precision, state.strategy.device
+    job: Job, state: TrainState, micro_batches: list[tuple[Any, Any]]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Forward/backward every micro-batch, then clip and step.
+
+    Each micro-batch's loss *sum* is scaled by world size / (the global batch's count), so
+    the gradient, after the strategy averages it over ranks, is the mean over every sample or
+    token of the global batch, however they are split over ranks, micro-steps and padding.
+    Returns this rank's loss sum and the global count.
+    """
+    model, precision, task = state.model, state.precision, state.task
+    device = state.strategy.device
+    micro_batches = [(move_to(x, device), move_to(y, device)) for x, y in micro_batches]
+    counts = [task.count(targets) for _, targets in micro_batches]
+    global_count = _global_count(task, counts, state.world_size)
+    scale = state.world_size / global_count
     total = torch.zeros((), device=device)
-    for i, (images, labels) in enumerate(micro_batches):
-        images, labels = images.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+    for i, (inputs, targets) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else state.strategy.no_sync(model):
             with precision.autocast():
-                logits = model(images)
-                loss = F.cross_entropy(logits.float(), labels) / len(micro_batches)
-            precision.scaler.scale(loss).backward()
-        state.metrics.update("train", logits, labels)
-        total += loss.detach()
+                outputs = task.forward(model, inputs)
+                loss_sum = task.loss_sum(outputs, targets)
+            precision.scaler.scale(loss_sum * scale).backward()
+        state.metrics.update("train", outputs, targets, loss_sum.detach(), counts[i])
+        total += loss_sum.detach()
     if job.optim.grad_clip_norm is not None:
         precision.scaler.unscale_(state.optimizer)
         state.strategy.clip_grad_norm(model, job.optim.grad_clip_norm)
@@ -382,7 +403,15 @@ def _optimizer_step(
     precision.scaler.update()
     state.optimizer.zero_grad(set_to_none=True)
     state.scheduler.step()
-    return total
+    return total, global_count
+
+
+def _global_count(task: Task, counts: list[torch.Tensor], world_size: int) -> torch.Tensor:
+    """The count of the whole global batch: every rank's micro-batches, summed."""
+    local = torch.stack(counts).sum().double()
+    if task.fixed_count:  # every rank holds the same batch shape: no communication needed
+        return local * world_size
+    return all_reduce_sum(local)
 
 
 def _record_step(timers: Timers, start: float, data_ready: float, end: float, batch: int) -> None:
@@ -395,21 +424,36 @@ def _record_step(timers: Timers, start: float, data_ready: float, end: float, ba
 
 
 def _log_step(
-    state: TrainState, epoch: int, loss: torch.Tensor, outputs: RunOutputs, progress: Progress
+    state: TrainState,
+    epoch: int,
+    loss_sum: torch.Tensor,
+    global_count: torch.Tensor,
+    outputs: RunOutputs,
+    progress: Progress,
 ) -> None:
-    mean_loss = float(all_reduce_mean(loss))
+    """Log the step's exact mean loss over the whole global batch (all ranks)."""
+    mean_loss = float(all_reduce_sum(loss_sum.double()) / global_count)
     lr = state.scheduler.get_last_lr()[0]
-    rate = state.timers.samples / max(state.timers.train_seconds, 1e-9)
     outputs.log(
         {"kind": "step", "step": state.step, "epoch": epoch + 1, "train/loss": mean_loss, "lr": lr}
     )
-    progress.step(state.step, epoch, mean_loss, float(lr), rate)
+    progress.step(state.step, epoch, mean_loss, float(lr), _rate(state))
+
+
+def _rate(state: TrainState) -> tuple[float, str]:
+    """Throughput in the task's unit: samples/s, or tokens/s for language modeling."""
+    seconds = max(state.timers.train_seconds, 1e-9)
+    if state.task.count_name == "samples":
+        return state.timers.samples / seconds, "samples"
+    return float(state.timers.units) / seconds, state.task.count_name
 
 
 def _evaluate(
     state: TrainState, loader: EvalBatches, split: str, ctx: WorkerContext
 ) -> dict[str, float]:
-    return evaluate(state.model, loader, split, state.metrics, state.precision, ctx.device)
+    return evaluate(
+        state.model, state.task, loader, split, state.metrics, state.precision, ctx.device
+    )
 
 
 def _summary(
@@ -434,7 +478,9 @@ def _summary(
         "end_time": end,
         "wall_seconds": end - timers.start,
         "train_seconds": timers.train_seconds,
+        "task": job.task.name,
         "samples_per_second": timers.samples / max(timers.train_seconds, 1e-9),
+        f"{state.task.count_name}_per_second": _rate(state)[0],
         "step_seconds_median": statistics.median(steady) if steady else None,
         "data_wait_fraction": timers.data_wait_seconds / max(timers.train_seconds, 1e-9),
         "peak_memory_bytes_per_rank": peak_memory,

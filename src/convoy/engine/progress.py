@@ -5,6 +5,10 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from convoy.tasks import Task
+
+PERCENT_METRICS = ("acc", "top5")
+
 
 class Progress:
     def __init__(self, total_steps: int, mode: str, enabled: bool, stream: TextIO | None = None):
@@ -14,15 +18,17 @@ class Progress:
         self.live = mode == "bar" or (mode == "auto" and self.stream.isatty())
         self._open_line = False
 
-    def step(self, step: int, epoch: int, loss: float, lr: float, samples_per_s: float) -> None:
+    def step(self, step: int, epoch: int, loss: float, lr: float, rate: tuple[float, str]) -> None:
+        """One step's line; ``rate`` is (units per second, unit name)."""
         if not self.enabled:
             return
         width = 24
         filled = int(width * step / max(1, self.total))
         bar = "#" * filled + "." * (width - filled)
+        per_second, unit = rate
         text = (
             f"[{bar}] step {step}/{self.total} epoch {epoch + 1} "
-            f"loss {loss:.4f} lr {lr:.2e} {samples_per_s:,.0f} samples/s"
+            f"loss {loss:.4f} lr {lr:.2e} {per_second:,.0f} {unit}/s"
         )
         if self.live:
             self.stream.write("\r" + text)
@@ -41,14 +47,28 @@ class Progress:
         self.stream.flush()
 
 
-def format_epoch(epoch: int, epochs: int, values: dict[str, float], seconds: float) -> str:
-    """``epoch 3/20  train loss 0.12 acc 96.1%  val loss 0.10 acc 97.0% f1 0.969  (4.2s)``."""
+def format_metric(name: str, value: float) -> str:
+    """``acc 96.1%``, ``loss 0.1234``, ``ppl 12.3``."""
+    if name in PERCENT_METRICS:
+        return f"{name} {100 * value:.1f}%"
+    if abs(value) >= 100:
+        return f"{name} {value:,.1f}"
+    return f"{name} {value:.4f}"
+
+
+def format_epoch(
+    epoch: int, epochs: int, values: dict[str, float], seconds: float, task: Task
+) -> str:
+    """``epoch 3/20  train loss 0.1200 acc 96.1%  val loss 0.1000 acc 97.0%  (4.2s)``."""
     parts = [f"epoch {epoch + 1}/{epochs}"]
     for split in ("train", "val"):
-        if f"{split}/loss" in values:
-            parts.append(
-                f"{split} loss {values[f'{split}/loss']:.4f} acc {100 * values[f'{split}/acc']:.1f}%"
-                f" f1 {values[f'{split}/f1']:.3f}"
-            )
+        if f"{split}/loss" not in values:
+            continue
+        shown = [
+            format_metric(name, values[f"{split}/{name}"])
+            for name in ("loss", *task.progress_metrics)
+            if f"{split}/{name}" in values
+        ]
+        parts.append(f"{split} " + " ".join(shown))
     parts.append(f"({seconds:.1f}s)")
     return "  ".join(parts)

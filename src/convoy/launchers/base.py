@@ -8,6 +8,7 @@ that can be checked before a worker starts (GPUs, cluster resources) is checked 
 from __future__ import annotations
 
 import re
+import secrets
 import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -40,26 +41,34 @@ class RunResult:
 class Launcher(ABC):
     name: ClassVar[str]
 
-    @abstractmethod
     def launch(self, job: Job) -> RunResult:
-        """Run ``job`` to completion on this launcher's workers."""
+        """Check ``job`` (``convoy.preflight``), fix its run directory, and run it to
+        completion on this launcher's workers."""
+        from convoy.preflight import preflight
+
+        return self.start(resolve_run(preflight(job)))
+
+    @abstractmethod
+    def start(self, job: Job) -> RunResult:
+        """Run a checked job whose run directory is resolved (``resolve_run``)."""
 
 
 def resolve_run(job: Job) -> Job:
     """Fix the run's directory in the driver: an absolute storage path and a unique name.
 
-    Unnamed runs get ``<model>-<data>-<strategy>-<timestamp>``. Resolved once here so every
-    worker (whatever its working directory: Ray's workers run elsewhere) and every restart
-    agree on the directory.
+    Unnamed runs get ``<model>-<data>-<strategy>-<timestamp>-<id>``: the short random id keeps
+    two runs started in the same second apart (and from resuming each other). Resolved once
+    here so every worker (whatever its working directory: Ray's workers run elsewhere) and
+    every restart agree on the directory.
     """
     storage_dir = job.run.storage_dir
     updates: dict[str, str] = {
         "storage_dir": storage_dir if is_remote(storage_dir) else str(job.run_dir.parent)
     }
     if job.run.name is None:
-        model = re.sub(r"[^A-Za-z0-9_]+", "_", job.model.name)
+        model, data = (re.sub(r"[^A-Za-z0-9_]+", "_", n) for n in (job.model.name, job.data.name))
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        updates["name"] = f"{model}-{job.data.name}-{job.strategy.name}-{stamp}"
+        updates["name"] = f"{model}-{data}-{job.strategy.name}-{stamp}-{secrets.token_hex(3)}"
     return job.model_copy(update={"run": job.run.model_copy(update=updates)})
 
 

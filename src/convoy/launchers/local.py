@@ -9,15 +9,14 @@ from __future__ import annotations
 from convoy.config import Job
 from convoy.distributed import WorkerContext, free_port
 from convoy.engine.loop import train
-from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, resolve_run
+from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device
 from convoy.outputs import write_config
 
 
 class LocalLauncher(Launcher):
     name = "local"
 
-    def launch(self, job: Job) -> RunResult:
-        job = resolve_run(job)
+    def start(self, job: Job) -> RunResult:
         check_local_gpus(job, workers_on_this_node=1)
         storage = write_config(job)
         ctx = WorkerContext(

@@ -22,7 +22,7 @@ import torch
 from convoy.config import Job, job_from_dict
 from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError, LaunchError, ResourceError
-from convoy.launchers.base import Launcher, RunResult, resolve_run
+from convoy.launchers.base import Launcher, RunResult
 from convoy.outputs import read_summary, write_config
 
 
@@ -105,23 +105,46 @@ def quiet_ray_loggers() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
+def running_local_cluster() -> str | None:
+    """The address of a Ray already started on this machine (``ray start --head``), if any."""
+    from ray._private.services import canonicalize_bootstrap_address
+
+    try:
+        # None means "the running local cluster, if any" (typed str, handles None).
+        return canonicalize_bootstrap_address(None)  # type: ignore[arg-type]
+    except Exception:  # an unreadable or stale address file: start a private Ray instead
+        return None
+
+
 def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
-    """Connect to or start Ray; True if this call started it (and must shut it down)."""
+    """Connect to or start Ray; True if this call started it (and must shut it down).
+
+    ``RAY_ADDRESS`` names a cluster to join. Without it, a Ray already running on this
+    machine is joined (``ray.init(num_cpus=...)`` would refuse it), and said so; otherwise a
+    private local Ray is started for this run and stopped after it.
+    """
     if ray.is_initialized():
         return False
     if cluster.address:
         ray.init(address=cluster.address)
-    else:
-        for key, value in EMBEDDED_RAY_ENV.items():
-            os.environ.setdefault(key, value)
+        return True
+    running = running_local_cluster()
+    if running:
+        print(f"convoy: using the Ray cluster already running at {running}", flush=True)
         quiet_ray_loggers()
-        ray.init(
-            num_cpus=os.cpu_count(),
-            include_dashboard=False,
-            # Without the dashboard, Ray Train's placement-group cleaner warns every second that
-            # the state API is unavailable; keep Ray's own logs at ERROR in embedded mode.
-            logging_config=ray.LoggingConfig(log_level="ERROR"),
-        )
+        # "auto" (not the address itself) lets Ray turn token auth on when the cluster uses it.
+        ray.init(address="auto", logging_config=ray.LoggingConfig(log_level="ERROR"))
+        return True
+    for key, value in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    quiet_ray_loggers()
+    ray.init(
+        num_cpus=os.cpu_count(),
+        include_dashboard=False,
+        # Without the dashboard, Ray Train's placement-group cleaner warns every second that
+        # the state API is unavailable; keep Ray's own logs at ERROR in embedded mode.
+        logging_config=ray.LoggingConfig(log_level="ERROR"),
+    )
     return True
 
 
@@ -223,8 +246,7 @@ class RayLauncher(Launcher):
     def __init__(self, cluster: RayCluster | None = None) -> None:
         self.cluster = cluster or RayCluster.from_env()
 
-    def launch(self, job: Job) -> RunResult:
-        job = resolve_run(job)
+    def start(self, job: Job) -> RunResult:
         ray = import_ray()
         started = ensure_ray(ray, self.cluster)
         try:

@@ -19,7 +19,7 @@ from pathlib import Path
 from convoy.config import Job, job_to_yaml, load_job
 from convoy.distributed import WorkerContext, exit_without_teardown, free_port
 from convoy.errors import ConfigError, LaunchError
-from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device, resolve_run
+from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device
 from convoy.outputs import CONFIG_FILE, read_summary, write_config
 
 
@@ -71,8 +71,7 @@ def torchrun_command(job: Job, config_path: Path) -> list[str]:
 class TorchrunLauncher(Launcher):
     name = "torchrun"
 
-    def launch(self, job: Job) -> RunResult:
-        job = resolve_run(job)
+    def start(self, job: Job) -> RunResult:
         check_local_gpus(job, workers_on_this_node=procs_per_node(job))
         storage = write_config(job)
         with tempfile.TemporaryDirectory(prefix="convoy-torchrun-") as scratch:

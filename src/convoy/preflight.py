@@ -1,0 +1,139 @@
+"""Checks that import code, read files or build the model and data: run once, in the driver.
+
+The config schema (``convoy.config``) is pure, so a recorded job can be loaded anywhere (an
+export on another machine, a worker). ``preflight`` is the one place that touches the outside
+world before any worker starts: the task, model and data factories import; the data loads;
+the task accepts the data; the model, built on the meta device (no memory, any size), runs on
+one real batch and its output fits the task (classes, vocabulary, context length);
+``checkpoint.best_metric`` is a metric the task reports. Every failure is one
+``ConfigError`` naming the field and value.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from convoy.batches import move_to
+from convoy.config import Job
+from convoy.data.base import Splits
+from convoy.errors import ConfigError, ConvoyError, one_of
+from convoy.tasks import Task, build_task
+
+# Sources the ray_data loader can stream (image classification).
+RAY_DATA_SOURCES = ("digits", "synthetic", "cifar10", "imagefolder", "parquet", "numpy")
+SAMPLE_ROWS = 2
+
+
+def preflight(job: Job) -> Job:
+    """Check ``job`` against the code and data it names; returns it with ``auto`` settings
+    resolved (``checkpoint.best_mode``). Raises ``ConfigError`` on the first problem."""
+    from convoy.data.registry import check_dataset, load_splits
+    from convoy.models.registry import check_model
+
+    task = build_task(job.task.name, job.task.kwargs)
+    check_model(job.model.name, job.model.kwargs)
+    check_dataset(job.data)
+    job = resolve_best_mode(job, task)
+    check_loader(job)
+    splits = load_splits(job.data)
+    try:
+        task.check_data(splits)
+    except ValueError as exc:
+        raise ConfigError("data.name", job.data.name, str(exc)) from None
+    check_model_fits(job, task, splits)
+    return job
+
+
+def resolve_best_mode(job: Job, task: Task) -> Job:
+    """Check ``checkpoint.best_metric`` against the task and fill in ``best_mode: auto``."""
+    cfg = job.checkpoint
+    allowed = task.rankable()
+    if cfg.best_metric not in allowed:
+        guess = difflib.get_close_matches(cfg.best_metric, allowed, n=1, cutoff=0.5)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        raise ConfigError(
+            "checkpoint.best_metric",
+            cfg.best_metric,
+            f"{hint}task {job.task.name!r} can rank checkpoints by {one_of(allowed)}",
+        )
+    if cfg.best_mode != "auto":
+        return job
+    checkpoint = cfg.model_copy(update={"best_mode": task.best_mode(cfg.best_metric)})
+    return job.model_copy(update={"checkpoint": checkpoint})
+
+
+def check_loader(job: Job) -> None:
+    """``data.loader: ray_data`` streams image-classification sources only."""
+    if job.data.loader != "ray_data":
+        return
+    if job.task.name != "classification" or job.data.name not in RAY_DATA_SOURCES:
+        raise ConfigError(
+            "data.loader",
+            "ray_data",
+            f"Ray Data ingestion streams image classification from {', '.join(RAY_DATA_SOURCES)}; "
+            f"task {job.task.name!r} on data {job.data.name!r} reads through data.loader: torch",
+        )
+
+
+def sample_batch(splits: Splits, rows: int = SAMPLE_ROWS) -> tuple[Any, Any]:
+    """The first ``rows`` training samples, collated as the DataLoader would."""
+    inputs, targets = default_collate(
+        [splits.train[i] for i in range(min(rows, len(splits.train)))]
+    )
+    return inputs, targets
+
+
+def check_model_fits(job: Job, task: Task, splits: Splits) -> None:
+    """Build the model and run it on one batch; its output must fit the task."""
+    inputs, targets = sample_batch(splits)
+    outputs = _forward(job, task, splits.shape, inputs)
+    try:
+        task.check_output(outputs, targets, splits.shape)
+    except ValueError as exc:
+        raise ConfigError("model.kwargs", job.model.kwargs, str(exc)) from None
+
+
+def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
+    """The model's outputs on ``inputs``: on the meta device, or on CPU for models that do
+    not run there (a model that reads values, e.g. ``.item()``)."""
+    try:
+        with torch.device("meta"):
+            model = _build(job, shape)
+        return task.forward(model, move_to(inputs, torch.device("meta")))
+    except ConvoyError:
+        raise
+    except ValueError as exc:  # the model's own complaint (a sequence past its context)
+        raise _rejected(job, exc) from None
+    except Exception:
+        pass
+    model = _build(job, shape)
+    try:
+        with torch.no_grad():
+            return task.forward(model, inputs)
+    except Exception as exc:
+        raise _rejected(job, exc) from None
+
+
+def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
+    from convoy.models.registry import build_model
+
+    try:
+        return build_model(job.model.name, job.model.kwargs, shape)
+    except ConvoyError:
+        raise
+    except Exception as exc:  # the user's factory: any failure is reported, not a traceback
+        raise ConfigError(
+            "model.name", job.model.name, f"the factory raised {type(exc).__name__}: {exc}"
+        ) from None
+
+
+def _rejected(job: Job, exc: Exception) -> ConfigError:
+    return ConfigError(
+        "model.name",
+        job.model.name,
+        f"the model failed on a batch of data {job.data.name!r}: {type(exc).__name__}: {exc}",
+    )

@@ -1,0 +1,89 @@
+"""The ``Task`` interface: what a batch is, its loss, and its metrics.
+
+A task turns the model's outputs on one batch into a loss *sum* and the count it is summed
+over (samples for classification and regression, real tokens for language modeling). The
+engine divides by the count of the whole global batch, summed over ranks and accumulation
+micro-steps, so a mean is the same whatever the world size, the micro-batch split or the
+padding. A task also builds its torchmetrics (reduced over every rank as sums and counts),
+names the metrics the progress line shows, says which metrics may rank checkpoints, and checks
+that a model's output fits the data before any worker starts.
+
+Batches are ``(inputs, targets)``; either may be a tensor or a dict / tuple of tensors.
+``inputs`` go to the model as they are (``model(inputs)``); override ``forward`` for another
+calling convention.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Literal
+
+import torch
+from torch import nn
+from torchmetrics import Metric
+
+Mode = Literal["min", "max"]
+
+
+class Task(ABC):
+    """Base class of every task, built-in or the user's own (``task.name: pkg.mod:Class``).
+
+    Subclasses take their options as keyword arguments (``task.kwargs``) and implement
+    ``loss_sum`` and ``count``; the rest has defaults.
+    """
+
+    name: ClassVar[str] = "task"
+    count_name: ClassVar[str] = "samples"
+    """What ``count`` counts: reported as ``<split>/<count_name>`` when it is not samples."""
+    progress_metrics: ClassVar[tuple[str, ...]] = ()
+    """Metrics shown after the loss on the progress line (e.g. ``("acc",)``)."""
+    rank_modes: ClassVar[dict[str, Mode]] = {"loss": "min"}
+    """Metrics that may rank checkpoints (``checkpoint.best_metric``) and which way is better."""
+    fixed_count: ClassVar[bool] = True
+    """True when ``count`` depends only on the batch's shape (rows, or rows x outputs), so a
+    global batch's count is the rank's count x world size without communication; False
+    (real tokens) makes the engine sum the counts over ranks every step."""
+
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        """The model's outputs for one batch's inputs."""
+        return model(inputs)
+
+    @abstractmethod
+    def loss_sum(self, outputs: Any, targets: Any) -> torch.Tensor:
+        """The loss summed (not averaged) over the batch's counted units, as a 0-d tensor."""
+
+    @abstractmethod
+    def count(self, targets: Any) -> torch.Tensor:
+        """How many units ``loss_sum`` sums over (a 0-d integer tensor)."""
+
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
+        """torchmetrics updated with ``metric_inputs(outputs, targets)`` (loss is built in)."""
+        return {}
+
+    def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
+        """What the task's metrics are updated with: ``(predictions, targets)``."""
+        return outputs.detach().float(), targets
+
+    def derived(self, values: dict[str, float]) -> dict[str, float]:
+        """Metrics computed from the all-rank values of one split (keys without the split)."""
+        return {}
+
+    def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:  # noqa: B027 (optional hook)
+        """Raise ``ValueError`` saying what does not fit when the outputs cannot be scored."""
+
+    def check_data(self, splits: Any) -> None:  # noqa: B027 (optional hook)
+        """Raise ``ValueError`` when the data cannot be trained on by this task."""
+
+    def best_mode(self, metric: str) -> Mode:
+        """Whether lower or higher is better for a rankable ``<split>/<metric>``."""
+        return self.rank_modes[metric.partition("/")[2]]
+
+    def rankable(self) -> list[str]:
+        """Every ``<split>/<metric>`` that ``checkpoint.best_metric`` may name."""
+        return [f"{split}/{name}" for split in ("val", "train") for name in self.rank_modes]
+
+
+def perplexity(mean_nats: float) -> float:
+    """exp(loss), saturating instead of overflowing for an untrained model."""
+    return math.exp(min(mean_nats, 700.0))

@@ -1,0 +1,57 @@
+"""``classification``: one label per sample, cross-entropy, accuracy / top-5 / macro F1."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
+from convoy.tasks.base import Mode, Task
+
+
+class Classification(Task):
+    """Logits ``(N, num_classes)`` against integer labels ``(N,)``; the loss is summed over
+    samples. ``top5`` is reported when there are more than 5 classes."""
+
+    name = "classification"
+    progress_metrics = ("acc", "f1")
+    rank_modes: ClassVar[dict[str, Mode]] = {
+        "loss": "min",
+        "acc": "max",
+        "top5": "max",
+        "f1": "max",
+    }
+
+    def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(outputs.float(), targets.long(), reduction="sum")
+
+    def count(self, targets: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(len(targets), device=targets.device)
+
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
+        num_classes = shape["num_classes"]
+        metrics: dict[str, Metric] = {
+            "acc": MulticlassAccuracy(num_classes, average="micro"),
+            "f1": MulticlassF1Score(num_classes, average="macro"),
+        }
+        if num_classes > 5:
+            metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+        return metrics
+
+    def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
+        return outputs.detach().float(), targets.long()
+
+    def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:
+        classes = shape.get("num_classes")
+        if not isinstance(outputs, torch.Tensor) or outputs.dim() != 2:
+            got = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs)
+            raise ValueError(f"classification needs logits of shape (batch, classes); got {got}")
+        if classes is not None and outputs.shape[1] != classes:
+            raise ValueError(
+                f"the model outputs {outputs.shape[1]} logits per sample but the data has "
+                f"{classes} classes; set model.kwargs.num_classes={classes} (or leave it unset: "
+                "it defaults to the dataset's)"
+            )

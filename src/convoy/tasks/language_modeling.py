@@ -1,0 +1,101 @@
+"""``language_modeling``: causal next-token prediction, the loss weighted by real tokens.
+
+A batch is ``(input_ids, target_ids)``, both ``(N, T)``, where ``target_ids`` are the inputs
+shifted by one and padding is ``ignore_index`` (-100) in the targets. The loss sums the
+cross-entropy (nats) over real target tokens; its count is the number of real tokens, so a
+mean is per token whatever the padding, the ranks or the accumulation.
+
+Reported per split: ``loss`` (nats per token), ``ppl`` (exp of it), ``tokens`` and, when the
+data says how many bytes each token id stands for (``meta["token_bytes"]``), ``bpb``: bits
+per byte of the text the targets cover, comparable across tokenizers and with compressors.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torchmetrics import Metric
+
+from convoy.tasks.base import Mode, Task, perplexity
+
+IGNORE_INDEX = -100
+
+
+class TargetBytes(Metric):
+    """UTF-8 bytes covered by the real target tokens, summed over every rank."""
+
+    full_state_update = False
+    total: torch.Tensor
+    token_bytes: torch.Tensor
+
+    def __init__(self, token_bytes: list[int], ignore_index: int = IGNORE_INDEX) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.register_buffer("token_bytes", torch.tensor(token_bytes, dtype=torch.long))
+        self.add_state("total", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+
+    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+        real = targets[targets != self.ignore_index]
+        self.total += self.token_bytes[real].sum()
+
+    def compute(self) -> torch.Tensor:
+        return self.total
+
+
+class LanguageModeling(Task):
+    """Causal LM: logits ``(N, T, V)`` against next tokens ``(N, T)``, padding ignored."""
+
+    name = "language_modeling"
+    count_name = "tokens"
+    fixed_count = False
+    progress_metrics = ("ppl", "bpb")
+    rank_modes: ClassVar[dict[str, Mode]] = {"loss": "min", "ppl": "min", "bpb": "min"}
+
+    def __init__(self, ignore_index: int = IGNORE_INDEX) -> None:
+        self.ignore_index = ignore_index
+
+    def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return F.cross_entropy(
+            outputs.float().flatten(0, -2),
+            targets.flatten(),
+            ignore_index=self.ignore_index,
+            reduction="sum",
+        )
+
+    def count(self, targets: torch.Tensor) -> torch.Tensor:
+        return (targets != self.ignore_index).sum()
+
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
+        if "token_bytes" not in meta:
+            return {}
+        return {"bytes": TargetBytes(meta["token_bytes"], self.ignore_index)}
+
+    def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
+        return outputs, targets  # only the targets are read: no copy of the logits
+
+    def derived(self, values: dict[str, float]) -> dict[str, float]:
+        derived = {"ppl": perplexity(values["loss"])}
+        if values.get("bytes"):
+            nats = values["loss"] * values["tokens"]
+            derived["bpb"] = nats / math.log(2) / values["bytes"]
+        return derived
+
+    def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:
+        if not isinstance(outputs, torch.Tensor) or outputs.dim() != 3:
+            got = tuple(outputs.shape) if isinstance(outputs, torch.Tensor) else type(outputs)
+            raise ValueError(f"language modeling needs logits (batch, tokens, vocab); got {got}")
+        if outputs.shape[:2] != targets.shape:
+            raise ValueError(
+                f"the model returns logits for {tuple(outputs.shape[:2])} (batch, tokens) "
+                f"positions but the targets are {tuple(targets.shape)}"
+            )
+        vocab = shape.get("vocab_size")
+        if vocab is not None and outputs.shape[-1] < vocab:
+            raise ValueError(
+                f"the model's vocabulary ({outputs.shape[-1]}) is smaller than the tokenizer's "
+                f"({vocab}); set model.kwargs.vocab_size={vocab} (or leave it unset: it "
+                "defaults to the tokenizer's)"
+            )
