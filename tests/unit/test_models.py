@@ -37,6 +37,81 @@ def test_course_vit_forward_shape(course_vit: nn.Module) -> None:
     assert course_vit(torch.randn(2, 3, 32, 32)).shape == (2, 10)
 
 
+def test_course_vit_has_torchvisions_init(course_vit: nn.Module) -> None:
+    norms = [m for m in course_vit.modules() if isinstance(m, nn.LayerNorm)]
+    assert len(norms) == 2 * 12 + 1
+    assert all(m.eps == 1e-6 for m in norms)
+    assert (course_vit.head.weight == 0).all() and (course_vit.head.bias == 0).all()
+    assert (course_vit.cls_token == 0).all()
+    assert course_vit.pos_embed.std().item() == pytest.approx(0.02, rel=0.05)
+    patch = course_vit.patch_embed
+    assert patch.weight.std().item() == pytest.approx((1 / (3 * 4 * 4)) ** 0.5, rel=0.05)
+    assert (patch.bias == 0).all()
+    block = course_vit.blocks[0]
+    bound = (6 / (384 + 3 * 384)) ** 0.5  # Xavier over MultiheadAttention's fused in_proj
+    assert block.attn.qkv.weight.abs().max().item() <= bound
+    assert block.attn.qkv.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)
+    assert (block.attn.qkv.bias == 0).all() and (block.attn.proj.bias == 0).all()
+    assert block.attn.proj.weight.abs().max().item() <= 1 / 384**0.5  # nn.Linear's default
+    fc1, fc2 = block.mlp[0], block.mlp[2]
+    assert fc1.weight.std().item() == pytest.approx((2 / (384 + 768)) ** 0.5, rel=0.05)
+    assert 0 < fc2.bias.abs().max().item() < 1e-5  # normal(std=1e-6)
+
+
+class TorchvisionEncoderBlock(nn.Module):
+    """torchvision's ``EncoderBlock`` (dropout 0), to check ours computes the same function."""
+
+    def __init__(self, hidden: int, heads: int, mlp: int) -> None:
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(hidden, eps=1e-6)
+        self.self_attention = nn.MultiheadAttention(hidden, heads, batch_first=True)
+        self.ln_2 = nn.LayerNorm(hidden, eps=1e-6)
+        self.mlp = nn.Sequential(nn.Linear(hidden, mlp), nn.GELU(), nn.Linear(mlp, hidden))
+
+    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+        x = self.ln_1(inputs)
+        x = self.self_attention(x, x, x, need_weights=False)[0] + inputs
+        return x + self.mlp(self.ln_2(x))
+
+
+@torch.no_grad()
+def test_vit_block_computes_torchvisions_encoder_block() -> None:
+    ours = vit_module.ViTBlock(hidden=32, heads=4, mlp=64, norm_eps=1e-6).eval()
+    reference = TorchvisionEncoderBlock(hidden=32, heads=4, mlp=64).eval()
+    for param in reference.parameters():  # nonzero biases too, so every weight is exercised
+        param.normal_(std=0.2)
+    attn = reference.self_attention
+    renamed = {
+        "norm1.weight": reference.ln_1.weight,
+        "norm1.bias": reference.ln_1.bias,
+        "attn.qkv.weight": attn.in_proj_weight,
+        "attn.qkv.bias": attn.in_proj_bias,
+        "attn.proj.weight": attn.out_proj.weight,
+        "attn.proj.bias": attn.out_proj.bias,
+        "norm2.weight": reference.ln_2.weight,
+        "norm2.bias": reference.ln_2.bias,
+        "mlp.0.weight": reference.mlp[0].weight,
+        "mlp.0.bias": reference.mlp[0].bias,
+        "mlp.2.weight": reference.mlp[2].weight,
+        "mlp.2.bias": reference.mlp[2].bias,
+    }
+    ours.load_state_dict(renamed)
+    tokens = torch.randn(3, 9, 32)
+    torch.testing.assert_close(ours(tokens), reference(tokens), atol=1e-5, rtol=1e-5)
+
+
+def test_vit_tiny_keeps_its_truncated_normal_init() -> None:
+    model = build_model("vit_tiny", {}, DIGITS_SHAPE)
+    assert all(m.eps == 1e-5 for m in model.modules() if isinstance(m, nn.LayerNorm))
+    assert model.head.weight.std().item() == pytest.approx(0.02, rel=0.2)
+    assert model.cls_token.abs().max().item() > 0
+
+
+def test_unknown_vit_init_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="torchvision"):
+        build_model("vit_tiny", {"init": "kaiming"}, DIGITS_SHAPE)
+
+
 @pytest.mark.parametrize(
     ("name", "shape"),
     [
