@@ -1,7 +1,9 @@
 """Dataset registry: ``data.name`` -> a loader returning ``Splits``.
 
-``check_dataset`` runs in the driver before any worker starts, so a missing path is reported
-once, clearly, instead of once per rank from inside a worker.
+A name is a registered dataset (``DATASETS``, what ``convoy list`` shows) or the user's own
+factory ``package.module:function`` (``convoy.data.user``). ``check_dataset`` runs in the
+driver before any worker starts, so a missing path or an import that fails is reported once,
+clearly, instead of once per rank from inside a worker.
 """
 
 from __future__ import annotations
@@ -13,8 +15,11 @@ from convoy.data.base import Splits
 from convoy.data.cifar10 import check_cifar10_path, load_cifar10
 from convoy.data.imagefolder import check_imagefolder_path, load_imagefolder
 from convoy.data.parquet import check_parquet_path, load_parquet
+from convoy.data.sensors import load_basicmotions
 from convoy.data.sources import check_numpy_path, load_digits, load_numpy, load_synthetic
+from convoy.data.tabular import load_diabetes
 from convoy.data.text import check_text_path, load_text
+from convoy.data.user import check_data_factory, is_user_data, load_user_data
 from convoy.errors import ConfigError, one_of
 
 DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
@@ -25,6 +30,8 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "parquet": load_parquet,
     "numpy": load_numpy,
     "text": load_text,
+    "diabetes": load_diabetes,
+    "basicmotions": load_basicmotions,
 }
 PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "cifar10": check_cifar10_path,
@@ -36,9 +43,21 @@ PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
 
 
 def check_dataset(cfg: DataConfig) -> None:
-    """Fail early on an unknown dataset name or a missing path."""
+    """Fail early on an unknown dataset name, a missing path, or a user factory that does not
+    import or does not take ``data.kwargs`` (the factory itself is not called here)."""
+    if is_user_data(cfg.name):
+        check_data_factory(cfg)
+        return
     if cfg.name not in DATASETS:
-        raise ConfigError("data.name", cfg.name, one_of(DATASETS))
+        raise ConfigError(
+            "data.name", cfg.name, f"{one_of(DATASETS)}, or a factory 'package.module:function'"
+        )
+    if cfg.kwargs:
+        raise ConfigError(
+            "data.kwargs",
+            cfg.kwargs,
+            f"only user data factories ('package.module:function') take kwargs, not {cfg.name!r}",
+        )
     check = PATH_CHECKS.get(cfg.name)
     if check is not None:
         check(cfg.path)
@@ -46,4 +65,6 @@ def check_dataset(cfg: DataConfig) -> None:
 
 def load_splits(cfg: DataConfig) -> Splits:
     """Build the three splits of the configured dataset."""
+    if is_user_data(cfg.name):
+        return load_user_data(cfg)
     return DATASETS[cfg.name](cfg)
