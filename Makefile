@@ -25,13 +25,13 @@ run: install
 
 ## lint: ruff (lint + format check) and mypy
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks examples
+	$(VENV)/bin/ruff format --check src tests benchmarks examples
 	$(VENV)/bin/mypy
 
 format: install
-	$(VENV)/bin/ruff check --fix src tests benchmarks
-	$(VENV)/bin/ruff format src tests benchmarks
+	$(VENV)/bin/ruff check --fix src tests benchmarks examples
+	$(VENV)/bin/ruff format src tests benchmarks examples
 
 ## test: lint, then every test tier (unit, distributed, e2e)
 test: install lint

@@ -13,6 +13,7 @@ printed as one paragraph without a traceback, with exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -221,10 +222,9 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
     for split in ("train", "val", "test"):
         if f"{split}/loss" not in metrics:
             continue
-        cells = [_cell(column, metrics.get(f"{split}/{column}")) for column in columns]
+        values = {**references, **metrics}
+        cells = [_cell(column, values.get(f"{split}/{column}")) for column in columns]
         lines.append(f"{split:<8}" + "".join(cells))
-    for key, value in references.items():
-        lines.append(f"reference {key}: {value:.4f}")
     memory = ", ".join(f"{m / 2**20:,.0f}" for m in summary["peak_memory_bytes_per_rank"])
     step = summary["step_seconds_median"]
     lines += [
@@ -293,6 +293,11 @@ def cmd_data(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    # As `python -m` does: the user's own modules (model.name / data.name / task.name given as
+    # package.module:attr) import from the directory convoy is run in. Ray's workers and
+    # torchrun's `python -m` workers put the same directory on their path.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
     handlers = {
         "train": cmd_train,
         "list": cmd_list,
