@@ -79,17 +79,29 @@ def check_loader(job: Job) -> None:
         )
 
 
-def sample_batch(splits: Splits, rows: int = SAMPLE_ROWS) -> tuple[Any, Any]:
+def sample_batch(job: Job, splits: Splits, rows: int = SAMPLE_ROWS) -> tuple[Any, Any]:
     """The first ``rows`` training samples, collated as the DataLoader would."""
-    inputs, targets = default_collate(
-        [splits.train[i] for i in range(min(rows, len(splits.train)))]
-    )
+    items = [splits.train[i] for i in range(min(rows, len(splits.train)))]
+    for item in items:
+        if not (isinstance(item, (tuple, list)) and len(item) == 2):
+            raise ConfigError(
+                "data.name",
+                job.data.name,
+                f"training items must be (inputs, targets) pairs; item 0 is {_describe(item)}",
+            )
+    inputs, targets = default_collate(items)
     return inputs, targets
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, (tuple, list)):
+        return f"a {type(item).__name__} of {len(item)}"
+    return f"a {type(item).__name__}"
 
 
 def check_model_fits(job: Job, task: Task, splits: Splits) -> None:
     """Build the model and run it on one batch; its output must fit the task."""
-    inputs, targets = sample_batch(splits)
+    inputs, targets = sample_batch(job, splits)
     outputs = _forward(job, task, splits.shape, inputs)
     try:
         task.check_output(outputs, targets, splits.shape)

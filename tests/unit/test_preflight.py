@@ -1,0 +1,130 @@
+"""Bad input for tasks, user code and data: one line naming the field and value, raised by
+the driver's preflight before any worker starts."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from convoy.config import load_job
+from convoy.errors import ConfigError
+from convoy.preflight import preflight
+
+LM = ["task.name=language_modeling", "model.name=gpt_tiny", "data.name=text"]
+BASE = ["strategy.name=single", "scaling.num_workers=1", "scaling.launcher=local"]
+
+USER_MODULE = """
+import torch
+from torch import nn
+from torch.utils.data import TensorDataset
+
+
+def raises(**kwargs):
+    raise RuntimeError("the bucket is gone")
+
+
+def not_pairs():
+    return {"train": [1, 2, 3]}
+
+
+def not_a_dataset():
+    return {"train": 42}
+
+
+def nan_targets():
+    x = torch.randn(20, 3)
+    y = torch.randn(20)
+    y[7] = float("nan")
+    return {"train": TensorDataset(x, y), "shape": {"num_features": 3}}
+
+
+def broken_model(num_classes: int = 10):
+    raise RuntimeError("weights file missing")
+
+
+class NotATask:
+    pass
+"""
+
+
+@pytest.fixture
+def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    (tmp_path / "preflight_user.py").write_text(textwrap.dedent(USER_MODULE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return "preflight_user"
+
+
+def check(overrides: list[str]) -> str:
+    with pytest.raises(ConfigError) as info:
+        preflight(load_job(None, BASE + overrides))
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+@pytest.mark.parametrize(
+    ("overrides", "starts", "contains"),
+    [
+        (["task.name=segmentation"], "task.name: got 'segmentation'", "'language_modeling'"),
+        (["task.name=no_such.module:Task"], "task.name:", "could not import"),
+        (["task.kwargs.ignore_index=-1", "task.kwargs.smoothing=0.1"], "task.kwargs:", "smoothing"),
+        (
+            ["checkpoint.best_metric=val/acc", *LM],
+            "checkpoint.best_metric: got 'val/acc'",
+            "val/bpb",
+        ),
+        (
+            ["checkpoint.best_metric=val/acuracy"],
+            "checkpoint.best_metric:",
+            "did you mean 'val/acc'",
+        ),
+        # A model whose output does not fit the task: 10 logits for digits is right, 4 is not.
+        (["model.name=mlp", "model.kwargs.num_classes=4"], "model.kwargs:", "data has 10 classes"),
+        ([*LM, "model.kwargs.vocab_size=300"], "model.kwargs:", "smaller than the tokenizer's"),
+        ([*LM, "data.seq_len=512"], "model.name: got 'gpt_tiny'", "context"),
+        (["task.name=regression", "data.name=digits"], "model.kwargs:", "num_outputs"),
+        (["data.loader=ray_data", "scaling.launcher=ray", *LM], "data.loader:", "torch"),
+    ],
+)
+def test_bad_task_model_and_data(overrides: list[str], starts: str, contains: str) -> None:
+    message = check(overrides)
+    assert message.startswith(starts), message
+    assert contains in message, message
+
+
+def test_user_code_failures_are_named(user_module: str) -> None:
+    assert "the bucket is gone" in check([f"data.name={user_module}:raises"])
+    message = check([f"data.name={user_module}:not_a_dataset"])
+    assert message.startswith("data.name:") and "Dataset" in message
+    message = check([f"data.name={user_module}:not_pairs"])
+    assert message.startswith("data.name:") and "(inputs, targets) pairs" in message
+    message = check([f"model.name={user_module}:broken_model"])
+    assert message.startswith("model.name:") and "weights file missing" in message
+    message = check([f"task.name={user_module}:NotATask"])
+    assert message.startswith("task.name:") and "convoy.tasks.Task" in message
+
+
+def test_regression_targets_with_nan_are_refused(user_module: str) -> None:
+    message = check(
+        ["task.name=regression", "model.name=tabular_mlp", f"data.name={user_module}:nan_targets"]
+    )
+    assert message.startswith("data.name:") and "index" in message and "nan" in message
+
+
+def test_empty_corpus_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "empty.txt").write_text("   \n")
+    message = check([*LM, f"data.path={tmp_path / 'empty.txt'}"])
+    assert message.startswith("data.path:"), message
+
+
+def test_best_mode_auto_follows_the_task() -> None:
+    job = preflight(load_job(None, [*BASE, *LM, "checkpoint.best_metric=val/bpb"]))
+    assert job.checkpoint.best_mode == "min"
+    job = preflight(load_job(None, [*BASE, "checkpoint.best_metric=val/acc"]))
+    assert job.checkpoint.best_mode == "max"
+    job = preflight(
+        load_job(None, [*BASE, "checkpoint.best_metric=val/acc", "checkpoint.best_mode=min"])
+    )
+    assert job.checkpoint.best_mode == "min"  # an explicit choice stays
