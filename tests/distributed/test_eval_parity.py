@@ -14,6 +14,7 @@ from convoy.engine.evaluate import evaluate
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model
 from convoy.strategies import build_strategy
+from convoy.tasks import Classification
 from convoy.testing import run_on_gloo
 
 pytestmark = pytest.mark.distributed
@@ -36,10 +37,10 @@ def evaluate_test_split(
     strategy = build_strategy(strategy_cfg, ctx.device, torch.float32)
     model = strategy.wrap(model)
     loader = eval_loader(splits.test, batch_size, ctx.world_size, ctx.rank)
-    metrics = MetricsManager(splits.num_classes, ctx.device)
-    return evaluate(
-        model, loader, "test", metrics, Precision(torch.float32, ctx.device, strategy), ctx.device
-    )
+    task = Classification()
+    metrics = MetricsManager(task, splits.shape, ctx.device)
+    precision = Precision(torch.float32, ctx.device, strategy)
+    return evaluate(model, task, loader, "test", metrics, precision, ctx.device)
 
 
 @pytest.fixture(scope="module")
