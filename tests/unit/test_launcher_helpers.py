@@ -30,6 +30,52 @@ def test_resolve_run_makes_storage_absolute_and_names_the_run(
     assert named.run.name == "exp1"
 
 
+def test_unnamed_runs_in_the_same_second_get_different_directories() -> None:
+    job = load_job(None, ["model.name=pkg.models:tiny_net"])
+    names = {resolve_run(job).run.name for _ in range(20)}
+    assert len(names) == 20
+    # A user factory's path names the run by its function.
+    assert all(str(n).startswith("tiny_net-digits-ddp-") for n in names)
+
+
+class FakeRay:
+    """Records how Ray was initialised (control logic only; the e2e tests run real Ray)."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, object]] = []
+
+    def is_initialized(self) -> bool:
+        return False
+
+    def init(self, **kwargs: object) -> None:
+        self.calls.append(kwargs)
+
+    def LoggingConfig(self, **kwargs: object) -> dict[str, object]:
+        return kwargs
+
+
+def test_a_ray_already_running_here_is_joined_not_restarted(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from convoy.launchers import ray as ray_launcher
+
+    fake = FakeRay()
+    monkeypatch.setattr(ray_launcher, "running_local_cluster", lambda: "127.0.0.1:6379")
+    assert ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
+    # No num_cpus: ray.init refuses it when joining a running cluster.
+    assert fake.calls[0]["address"] == "auto" and "num_cpus" not in fake.calls[0]
+    assert "using the Ray cluster already running at 127.0.0.1:6379" in capsys.readouterr().out
+
+
+def test_without_a_running_ray_a_private_one_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
+    from convoy.launchers import ray as ray_launcher
+
+    fake = FakeRay()
+    monkeypatch.setattr(ray_launcher, "running_local_cluster", lambda: None)
+    assert ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
+    assert "address" not in fake.calls[0] and fake.calls[0]["include_dashboard"] is False
+
+
 def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
     job = load_job(
         None,
