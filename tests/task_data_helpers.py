@@ -1,0 +1,95 @@
+"""Small data and tasks for the task tests, importable by spawned ranks.
+
+``tests/`` is on ``sys.path`` (the rootdir conftest), and spawned ranks inherit it, so a job can
+name ``data.name=task_data_helpers:ragged_lm`` or ``task.name=task_data_helpers:PerRankMeanLM``.
+
+``ragged_lm`` is a language-modeling set whose sequences have random numbers of real tokens
+(1 to ``seq_len``), the rest padding (inputs 0, targets -100): two ranks holding halves of a
+global batch hold different numbers of tokens, so only a mean over the global count is exact.
+The tokens follow a rule (``next = 5 * token + 3 mod vocab``, with some noise), so a tiny
+model learns and the step losses move.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.utils.data import TensorDataset
+
+from convoy.tasks import LanguageModeling
+
+IGNORE_INDEX = -100
+PAD_ID = 0
+VOCAB = 64
+SEQ_LEN = 32
+GPT_TINY_OVERRIDES = (
+    "model.name=gpt_tiny",
+    "model.kwargs.depth=2",
+    "model.kwargs.hidden=32",
+    "model.kwargs.heads=2",
+    "model.kwargs.context_length=64",
+)
+GPT_TINY_KWARGS = {"depth": 2, "hidden": 32, "heads": 2, "context_length": 64}
+
+
+def token_bytes(vocab: int = VOCAB) -> list[int]:
+    """A made-up byte length per token id (1 to 3), so bits per byte differ from per token."""
+    return [1 + i % 3 for i in range(vocab)]
+
+
+def ragged_sequences(
+    count: int, seq_len: int, vocab: int, generator: torch.Generator
+) -> TensorDataset:
+    """``count`` (input_ids, target_ids) pairs of ``seq_len``, each with 1..seq_len real targets."""
+    columns = [torch.randint(0, vocab, (count,), generator=generator)]
+    for _ in range(seq_len):
+        columns.append((5 * columns[-1] + 3) % vocab)
+    stream = torch.stack(columns, dim=1)
+    noise = torch.rand(count, seq_len + 1, generator=generator) < 0.1
+    stream = torch.where(noise, torch.randint_like(stream, vocab, generator=generator), stream)
+    lengths = torch.randint(1, seq_len + 1, (count, 1), generator=generator)
+    real = torch.arange(seq_len) < lengths
+    inputs = torch.where(real, stream[:, :-1], PAD_ID)
+    targets = torch.where(real, stream[:, 1:], IGNORE_INDEX)
+    return TensorDataset(inputs, targets)
+
+
+def ragged_lm(
+    train: int = 96, val: int = 37, test: int = 41, seq_len: int = SEQ_LEN, seed: int = 0
+) -> dict[str, Any]:
+    """A user data factory: ragged LM splits (odd val / test by default), vocab ``VOCAB``."""
+    generator = torch.Generator().manual_seed(seed)
+    splits = {
+        name: ragged_sequences(size, seq_len, VOCAB, generator)
+        for name, size in (("train", train), ("val", val), ("test", test))
+    }
+    return {
+        **splits,
+        "shape": {"vocab_size": VOCAB},
+        "meta": {"token_bytes": token_bytes()},
+    }
+
+
+def real_tokens(dataset: TensorDataset) -> torch.Tensor:
+    """Real target tokens per sequence of a ``ragged_lm`` split."""
+    return (dataset.tensors[1] != IGNORE_INDEX).sum(dim=1)
+
+
+class PerRankMeanLM(LanguageModeling):
+    """The naive distributed LM loss, for controls: each rank's own token mean.
+
+    ``count`` is the batch's positions (real or not), the same on every rank, and ``loss_sum``
+    is the rank's token mean times it; the engine divides by the positions of the global batch,
+    so each rank's gradient is of its own mean and DDP averages the means. On one process
+    this is the exact token mean (the same gradient as ``LanguageModeling``).
+    """
+
+    fixed_count = True
+
+    def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        real = super().count(targets).clamp_min(1)
+        return super().loss_sum(outputs, targets) / real * targets.numel()
+
+    def count(self, targets: torch.Tensor) -> torch.Tensor:
+        return torch.tensor(targets.numel(), device=targets.device)
