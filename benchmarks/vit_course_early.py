@@ -27,7 +27,6 @@ import os
 import platform
 import re
 import tempfile
-import time
 from collections import OrderedDict
 from datetime import date
 from pathlib import Path
@@ -268,6 +267,51 @@ def render(curves: dict[str, dict[int, float]], points: list[int]) -> str:
     return "\n".join(rows)
 
 
+def report(
+    args: Any, check: str, curves: dict[str, dict[int, float]], seconds: dict[str, float]
+) -> str:
+    """The dated markdown file: setup, the equivalence check, the tables."""
+    steps = args.epochs * args.steps_per_epoch
+    train = args.steps_per_epoch * args.batch_size
+    val = round(train * args.val_fraction)
+    cpu = platform.processor() or platform.machine()
+    every_step = sorted(next(iter(curves.values())))
+    walls = ", ".join(f"{label}: {s:.0f} s" for label, s in seconds.items())
+    return f"""# vit_course vs torchvision's VisionTransformer, first {steps} steps (CPU), {date.today()}
+
+Produced by (on a snapshot of the commit, since the engine was being edited concurrently):
+
+    git -C /work/main worktree add /tmp/convoy-snap HEAD
+    cd /tmp/convoy-snap && PYTHONPATH=/tmp/convoy-snap/src:/tmp/convoy-snap \\
+        python benchmarks/vit_course_early.py
+
+- Machine: {os.cpu_count()} CPU cores ({cpu}), no GPU; Python {platform.python_version()},
+  torch {torch.__version__}.
+- Models: the course's shape (image 32, patch 4, 12 layers, 8 heads, hidden 384, MLP 768;
+  14.3 M parameters), 10 classes. The reference is `reference_vit` in the script,
+  torchvision's `VisionTransformer` re-created in plain `torch.nn` (`nn.MultiheadAttention`,
+  torchvision's init; torchvision has no CPU wheel here), trained as
+  `model.name={REFERENCE}`.
+- Job, the same for all: `synthetic` data (CIFAR-shaped: a random template per class at
+  amplitude 0.5 plus unit noise), {train} training images ({args.steps_per_epoch} steps per epoch), validation on
+  {val} held-out images after every epoch; AdamW, lr {args.lr:g} constant (no warmup), weight
+  decay 0.05, batch {args.batch_size}, fp32, seed {args.seed}; `scaling.launcher=local`,
+  `strategy.name=single`. One run per model.
+
+{check}
+
+Validation accuracy after N optimizer steps:
+
+{render(curves, args.points)}
+
+Every evaluation:
+
+{render(curves, every_step)}
+
+Wall time per run: {walls}.
+"""
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=8, help="evaluations (one per epoch)")
@@ -279,10 +323,8 @@ def main() -> None:
     parser.add_argument("--points", type=int, nargs="+", default=[5, 10, 20, 40])
     parser.add_argument("--out", type=Path, default=Path(__file__).resolve().parent)
     args = parser.parse_args()
-    start = time.time()
     check = check_same_model()
     print(check, flush=True)
-
     curves: dict[str, dict[int, float]] = {}
     seconds: dict[str, float] = {}
     with tempfile.TemporaryDirectory(prefix="convoy-vit-early-") as tmp:
@@ -290,43 +332,9 @@ def main() -> None:
             job = job_for(name, kwargs, Path(tmp), f"model-{index}", args)
             curves[label], seconds[label] = val_curve(job)
             print(f"{label}: {curves[label]} ({seconds[label]:.0f} s)", flush=True)
-    table = render(curves, args.points)
-    every_step = render(curves, sorted(next(iter(curves.values()))))
-    total = time.time() - start
-    text = f"""# Course ViT, first {args.epochs * args.steps_per_epoch} steps: Convoy's vit_course vs torchvision's VisionTransformer (CPU), {date.today().isoformat()}
-
-Produced by (from a snapshot of the commit, since the engine was being edited concurrently):
-
-    git -C /work/main worktree add /tmp/convoy-snap HEAD
-    cd /tmp/convoy-snap && PYTHONPATH=/tmp/convoy-snap/src:/tmp/convoy-snap \\
-        python benchmarks/vit_course_early.py
-
-- Machine: {os.cpu_count()} CPU cores ({platform.processor() or platform.machine()}), no GPU;
-  Python {platform.python_version()}, torch {torch.__version__}. Total {total / 60:.1f} min.
-- Models: the course's shape (image 32, patch 4, 12 layers, 8 heads, hidden 384, MLP 768,
-  14.3 M parameters), 10 classes. The reference is `reference_vit` in the script: torchvision's
-  `VisionTransformer` re-created in plain `torch.nn` (`nn.MultiheadAttention`, torchvision's
-  init; torchvision has no CPU wheel here), trained as `model.name={REFERENCE}`.
-- Job, the same for all: `synthetic` (CIFAR-shaped: a random template per class at amplitude
-  0.5 plus unit noise), {args.steps_per_epoch * args.batch_size} training images = {args.steps_per_epoch} steps per
-  epoch, validation on {round(args.steps_per_epoch * args.batch_size * args.val_fraction)} held-out images after every epoch;
-  AdamW lr {args.lr:g} constant (no warmup, weight decay 0.05), batch {args.batch_size}, fp32, seed {args.seed};
-  `scaling.launcher=local`, `strategy.name=single`. One run per model; validation accuracy
-  after each number of optimizer steps.
-
-{check}
-
-{table}
-
-Every evaluation:
-
-{every_step}
-
-Wall time per run: {", ".join(f"{label}: {s:.0f} s" for label, s in seconds.items())}.
-"""
-    out = args.out / f"vit_course_early_cpu_{date.today().isoformat()}.md"
-    out.write_text(text)
-    print(table)
+    out = args.out / f"vit_course_early_cpu_{date.today()}.md"
+    out.write_text(report(args, check, curves, seconds))
+    print(render(curves, args.points))
     print(f"\nwritten to {out}")
 
 
