@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.multiprocessing as mp
 
 from convoy.config import Job
-from convoy.distributed import WorkerContext, exit_without_teardown, free_port
+from convoy.distributed import WorkerContext, default_threads, exit_without_teardown, free_port
 
 # A ViT small enough for CPU tests that still has transformer blocks to shard.
 TINY_VIT_OVERRIDES = (
@@ -67,6 +68,8 @@ def _entry(
         local_world_size=world_size,
         init_method=init_method,
     )
+    # Split the cores between the ranks, as the launchers do (the engine sets it again).
+    torch.set_num_threads(default_threads(world_size))
     try:
         result = fn(ctx, *args)
     except BaseException:

@@ -411,7 +411,8 @@ def _global_count(task: Task, counts: list[torch.Tensor], world_size: int) -> to
     local = torch.stack(counts).sum().double()
     if task.fixed_count:  # every rank holds the same batch shape: no communication needed
         return local * world_size
-    return all_reduce_sum(local)
+    # At least 1: a global batch of padding only gives zero loss and zero gradients, not NaN.
+    return all_reduce_sum(local).clamp_min(1)
 
 
 def _record_step(timers: Timers, start: float, data_ready: float, end: float, batch: int) -> None:
