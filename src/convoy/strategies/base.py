@@ -9,6 +9,7 @@ dtype, and never reads another section.
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import Iterator
 from typing import Any, ClassVar
 
@@ -53,9 +54,20 @@ class Strategy:
 
 
 def transformer_blocks(model: nn.Module) -> list[nn.Module]:
-    """The model's repeated blocks (``model.blocks``), the unit that sharding wraps."""
+    """The model's repeated blocks (``model.blocks``), the unit that sharding wraps.
+
+    A model without them is sharded as one unit, which works but gathers every parameter at
+    once and overlaps no communication: say so rather than leave it silent.
+    """
     blocks = getattr(model, "blocks", None)
-    return list(blocks) if isinstance(blocks, nn.ModuleList) else []
+    if isinstance(blocks, nn.ModuleList) and len(blocks):
+        return list(blocks)
+    warnings.warn(
+        f"{type(model).__name__} has no `blocks` (an nn.ModuleList of its repeated layers): "
+        "it is sharded as a single unit; expose its layers as `self.blocks` to shard per block",
+        stacklevel=2,
+    )
+    return []
 
 
 def dtype_from_name(name: str) -> torch.dtype:
