@@ -279,11 +279,7 @@ def report(
     walls = ", ".join(f"{label}: {s:.0f} s" for label, s in seconds.items())
     return f"""# vit_course vs torchvision's VisionTransformer, first {steps} steps (CPU), {date.today()}
 
-Produced by (on a snapshot of the commit, since the engine was being edited concurrently):
-
-    git -C /work/main worktree add /tmp/convoy-snap HEAD
-    cd /tmp/convoy-snap && PYTHONPATH=/tmp/convoy-snap/src:/tmp/convoy-snap \\
-        python benchmarks/vit_course_early.py
+Produced by `python benchmarks/vit_course_early.py` (from the repository root).
 
 - Machine: {os.cpu_count()} CPU cores ({cpu}), no GPU; Python {platform.python_version()},
   torch {torch.__version__}.
