@@ -109,7 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     commands.add_parser(
         "list",
-        help="list models, datasets, strategies and launchers",
+        help="list tasks, models, datasets, strategies and launchers",
         description="List the names each registry accepts.",
     )
     _add_data_commands(commands)
@@ -204,9 +204,11 @@ def cmd_list(_: argparse.Namespace) -> int:
     from convoy.data.registry import DATASETS
     from convoy.launchers import LAUNCHER_NAMES
     from convoy.models.registry import MODELS
+    from convoy.tasks import TASKS
 
+    print("tasks:      " + ", ".join(TASKS) + "  (or package.module:Class)")
     print("models:     " + ", ".join(MODELS) + "  (or package.module:factory)")
-    print("datasets:   " + ", ".join(DATASETS))
+    print("datasets:   " + ", ".join(DATASETS) + "  (or package.module:function)")
     print("strategies: " + ", ".join(STRATEGY_NAMES))
     print("launchers:  " + ", ".join(LAUNCHER_NAMES))
     return 0

@@ -57,7 +57,15 @@ def test_config_show_applies_overrides(capsys: pytest.CaptureFixture[str]) -> No
 def test_list_names_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["list"]) == 0
     out = capsys.readouterr().out
-    for name in ("vit_course", "digits", "fsdp2", "torchrun"):
+    for name in (
+        "language_modeling",
+        "vit_course",
+        "gpt_tiny",
+        "digits",
+        "text",
+        "fsdp2",
+        "torchrun",
+    ):
         assert name in out
 
 
