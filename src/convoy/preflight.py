@@ -58,7 +58,7 @@ def resolve_best_mode(job: Job, task: Task) -> Job:
         raise ConfigError(
             "checkpoint.best_metric",
             cfg.best_metric,
-            f"{hint}task {job.task.name!r} can rank checkpoints by {one_of(allowed)}",
+            f"{hint}task {job.task.name!r} ranks checkpoints by its own metrics; {one_of(allowed)}",
         )
     if cfg.best_mode != "auto":
         return job
@@ -115,6 +115,7 @@ def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
     try:
         with torch.device("meta"):
             model = _build(job, shape)
+        check_context(job, model, shape)
         return task.forward(model, move_to(inputs, torch.device("meta")))
     except ConvoyError:
         raise
@@ -128,6 +129,19 @@ def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
             return task.forward(model, inputs)
     except Exception as exc:
         raise _rejected(job, exc) from None
+
+
+def check_context(job: Job, model: torch.nn.Module, shape: dict[str, int]) -> None:
+    """A sequence model's context must hold the data's sequences (``context_length``)."""
+    context = getattr(model, "context_length", None)
+    seq_len = shape.get("seq_len")
+    if isinstance(context, int) and seq_len is not None and seq_len > context:
+        raise ConfigError(
+            "data.seq_len",
+            seq_len,
+            f"longer than the context_length {context} of model {job.model.name!r}; lower "
+            f"data.seq_len or raise model.kwargs.context_length",
+        )
 
 
 def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:

@@ -83,7 +83,7 @@ def check(overrides: list[str]) -> str:
         # A model whose output does not fit the task: 10 logits for digits is right, 4 is not.
         (["model.name=mlp", "model.kwargs.num_classes=4"], "model.kwargs:", "data has 10 classes"),
         ([*LM, "model.kwargs.vocab_size=300"], "model.kwargs:", "smaller than the tokenizer's"),
-        ([*LM, "data.seq_len=512"], "model.name: got 'gpt_tiny'", "context"),
+        ([*LM, "data.seq_len=512"], "data.seq_len: got 512", "context_length 256"),
         (["task.name=regression", "data.name=digits"], "model.kwargs:", "num_outputs"),
         (["data.loader=ray_data", "scaling.launcher=ray", *LM], "data.loader:", "torch"),
     ],
