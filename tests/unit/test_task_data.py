@@ -13,8 +13,8 @@ import torch
 from torch.utils.data import Subset
 
 from convoy.config import DataConfig
+from convoy.data.base import hold_out
 from convoy.data.registry import DATASETS, check_dataset, load_splits
-from convoy.data.user import hold_out
 from convoy.errors import ConfigError
 
 

@@ -122,3 +122,15 @@ def seeded_split(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.
         start += size
     parts.append(order[start:])
     return parts
+
+
+def hold_out(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
+    """``seeded_split`` where every held-out part gets at least one index and the rest (last)
+    keeps at least one; a ``ValueError`` when ``n`` is too small for that."""
+    sizes = [max(1, round(n * fraction)) for fraction in fractions]
+    if sum(sizes) >= n:
+        raise ValueError(
+            f"{n} sample(s) cannot give {len(fractions)} held-out split(s) of at least one "
+            "sample each and keep one for training"
+        )
+    return seeded_split(n, tuple(size / n for size in sizes), seed)

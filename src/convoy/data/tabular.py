@@ -23,9 +23,8 @@ import torch
 from torch.utils.data import TensorDataset
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits
+from convoy.data.base import Splits, hold_out
 from convoy.data.sources import DATA_SEED
-from convoy.data.user import hold_out
 from convoy.errors import ConfigError
 
 

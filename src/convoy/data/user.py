@@ -22,11 +22,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
-import torch
 from torch.utils.data import IterableDataset, Subset
 
 from convoy.config import DataConfig
-from convoy.data.base import SizedDataset, Splits, seeded_split
+from convoy.data.base import SizedDataset, Splits, hold_out
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError
 
@@ -133,18 +132,6 @@ def _splits_from_mapping(cfg: DataConfig, result: Mapping[Any, Any]) -> Splits:
         raise ConfigError("data.name", cfg.name, "the factory's 'shape' values must be ints")
     meta = _check_mapping(cfg.name, "meta", result.get("meta"))
     return Splits(given["train"], given["val"], given["test"], dict(shape), meta=dict(meta))
-
-
-def hold_out(n: int, fractions: tuple[float, ...], seed: int) -> list[torch.Tensor]:
-    """``seeded_split`` where every held-out part gets at least one index and the rest (last)
-    keeps at least one; a ``ValueError`` when ``n`` is too small for that."""
-    sizes = [max(1, round(n * fraction)) for fraction in fractions]
-    if sum(sizes) >= n:
-        raise ValueError(
-            f"{n} sample(s) cannot give {len(fractions)} held-out split(s) of at least one "
-            "sample each and keep one for training"
-        )
-    return seeded_split(n, tuple(size / n for size in sizes), seed)
 
 
 def _check_dataset(name: str, split: str, dataset: Any) -> SizedDataset:
