@@ -4,7 +4,8 @@ The ragged LM data (``task_data_helpers.ragged_lm``: 6 steps per epoch at global
 trains for 2 epochs, 10 steps, on 2 ranks. The stopped run saves at step 4 (mid-epoch 1),
 rank 1 raises after step 5, and the same run resumes from step 4 through the epoch boundary
 to the end: its step losses from step 5 on, its final weights and its eval metrics are
-identical to the straight run's (``==``, not approx).
+identical to the straight run's (``==``, not approx). Dropout is on, so the RNG stream of
+every step must continue exactly where the checkpoint left it.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def resume_job(root: Path, strategy: str, *extra: str) -> Job:
         None,
         [
             *GPT_TINY_OVERRIDES,
+            # Dropout draws from the global RNG every step: resume must restore it exactly.
+            "model.kwargs.dropout=0.1",
             "task.name=language_modeling",
             "data.name=task_data_helpers:ragged_lm",
             "data.batch_size=16",

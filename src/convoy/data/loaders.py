@@ -86,6 +86,16 @@ class TorchEvalBatches:
         return iter(self.loader)
 
 
+def own_generator(seed: int) -> torch.Generator:
+    """A generator for a DataLoader's own draws (its workers' base seed at every ``iter``).
+
+    Without one, each ``iter(loader)`` draws from the global torch RNG that dropout and
+    augmentation use, so a run resumed mid-epoch (RNG restored, then a new iterator) would
+    continue from a different random stream than the run it resumes.
+    """
+    return torch.Generator().manual_seed(seed)
+
+
 def train_loader(
     dataset: SizedDataset,
     global_batch: int,
@@ -106,6 +116,7 @@ def train_loader(
             num_workers=num_workers,
             pin_memory=device is not None and device.type == "cuda",
             persistent_workers=num_workers > 0,
+            generator=own_generator(seed),
         )
     )
 
@@ -121,6 +132,7 @@ def eval_loader(
             batch_size=batch_size,
             sampler=sampler,
             num_workers=num_workers,
+            generator=own_generator(0),
         )
     )
 
