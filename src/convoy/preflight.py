@@ -37,28 +37,46 @@ def preflight(job: Job) -> Job:
     task = build_task(job.task.name, job.task.kwargs)
     check_model(job.model.name, job.model.kwargs)
     check_dataset(job.data)
-    job = resolve_best_mode(job, task)
     check_loader(job)
     splits = load_splits(job.data)
+    sample = sample_batch(job, splits)
+    check_task_data(job, task, splits)
+    job = resolve_best_mode(job, task, splits)
+    check_model_fits(job, task, splits, sample)
+    return job
+
+
+def check_task_data(job: Job, task: Task, splits: Splits) -> None:
+    """The data gives what the task needs (its shape keys, labels in range, finite targets)."""
+    missing = [key for key in task.required_shape if key not in splits.shape]
+    if missing:
+        given = ", ".join(splits.shape) or "nothing"
+        raise ConfigError(
+            "task.name",
+            job.task.name,
+            f"this task needs shape[{missing[0]!r}] from the data, and data {job.data.name!r} "
+            f"gives {given}; pick the task that fits the data, or return "
+            f"'shape': {{{missing[0]!r}: ...}} from your data factory",
+        )
     try:
         task.check_data(splits)
     except ValueError as exc:
         raise ConfigError("data.name", job.data.name, str(exc)) from None
-    check_model_fits(job, task, splits)
-    return job
 
 
-def resolve_best_mode(job: Job, task: Task) -> Job:
-    """Check ``checkpoint.best_metric`` against the task and fill in ``best_mode: auto``."""
+def resolve_best_mode(job: Job, task: Task, splits: Splits) -> Job:
+    """Check ``checkpoint.best_metric`` against what the task reports on this data, and fill
+    in ``best_mode: auto``."""
     cfg = job.checkpoint
-    allowed = task.rankable()
+    allowed = task.rankable(splits.shape, splits.meta)
     if cfg.best_metric not in allowed:
-        guess = difflib.get_close_matches(cfg.best_metric, allowed, n=1, cutoff=0.5)
+        guess = difflib.get_close_matches(cfg.best_metric, allowed, n=1, cutoff=0.75)
         hint = f"did you mean {guess[0]!r}? " if guess else ""
         raise ConfigError(
             "checkpoint.best_metric",
             cfg.best_metric,
-            f"{hint}task {job.task.name!r} ranks checkpoints by its own metrics; {one_of(allowed)}",
+            f"{hint}task {job.task.name!r} on data {job.data.name!r} ranks checkpoints by its "
+            f"val/ or train/ metrics; {one_of(allowed)}",
         )
     if cfg.best_mode != "auto":
         return job
@@ -99,14 +117,34 @@ def _describe(item: Any) -> str:
     return f"a {type(item).__name__}"
 
 
-def check_model_fits(job: Job, task: Task, splits: Splits) -> None:
+def check_model_fits(job: Job, task: Task, splits: Splits, sample: tuple[Any, Any]) -> None:
     """Build the model and run it on one batch; its output must fit the task."""
-    inputs, targets = sample_batch(job, splits)
+    inputs, targets = sample
     outputs = _forward(job, task, splits.shape, inputs)
     try:
         task.check_output(outputs, targets, splits.shape)
     except ValueError as exc:
         raise ConfigError("model.kwargs", job.model.kwargs, str(exc)) from None
+    check_loss(job, task, outputs, targets)
+
+
+def check_loss(job: Job, task: Task, outputs: Any, targets: Any) -> None:
+    """The task's ``loss_sum`` and ``count`` give 0-d tensors on a real batch's shapes."""
+    targets = move_to(targets, outputs.device) if isinstance(outputs, torch.Tensor) else targets
+    for method in ("loss_sum", "count"):
+        try:
+            value = task.loss_sum(outputs, targets) if method == "loss_sum" else task.count(targets)
+        except Exception as exc:
+            raise ConfigError(
+                "task.name", job.task.name, f"{method} failed: {type(exc).__name__}: {exc}"
+            ) from None
+        if not (isinstance(value, torch.Tensor) and value.dim() == 0):
+            got = f"shape {tuple(value.shape)}" if isinstance(value, torch.Tensor) else type(value)
+            raise ConfigError(
+                "task.name",
+                job.task.name,
+                f"{method} must return a 0-d tensor (a sum over the batch); got {got}",
+            )
 
 
 def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
@@ -148,13 +186,20 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
     from convoy.models.registry import build_model
 
     try:
-        return build_model(job.model.name, job.model.kwargs, shape)
+        model = build_model(job.model.name, job.model.kwargs, shape)
     except ConvoyError:
         raise
     except Exception as exc:  # the user's factory: any failure is reported, not a traceback
         raise ConfigError(
             "model.name", job.model.name, f"the factory raised {type(exc).__name__}: {exc}"
         ) from None
+    if not isinstance(model, torch.nn.Module):
+        raise ConfigError(
+            "model.name",
+            job.model.name,
+            f"the factory returned {type(model).__name__}, not a torch.nn.Module",
+        )
+    return model
 
 
 def _rejected(job: Job, exc: Exception) -> ConfigError:

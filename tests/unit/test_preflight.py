@@ -3,6 +3,7 @@ the driver's preflight before any worker starts."""
 
 from __future__ import annotations
 
+import sys
 import textwrap
 from pathlib import Path
 
@@ -46,6 +47,40 @@ def broken_model(num_classes: int = 10):
 
 class NotATask:
     pass
+
+
+def three_classes(bad_label: bool = False, with_shape: bool = True):
+    x = torch.randn(30, 64)
+    y = torch.arange(30) % 3
+    if bad_label:
+        y[11] = 4
+    return {"train": TensorDataset(x, y), **({"shape": {"num_classes": 3}} if with_shape else {})}
+
+
+def tokens(vocab: int = 50):
+    ids = torch.randint(0, 60, (12, 16))
+    return {"train": TensorDataset(ids, ids.roll(-1, 1)), "shape": {"vocab_size": vocab}}
+
+
+def mlp_64(num_classes: int = 3):
+    return nn.Sequential(nn.Linear(64, num_classes))
+
+
+def a_function_not_a_model(num_classes: int = 3):
+    return lambda x: x
+
+
+from convoy.tasks import Classification
+
+
+class CountsAnInt(Classification):
+    def count(self, targets):
+        return len(targets)
+
+
+class UnreducedLoss(Classification):
+    def loss_sum(self, outputs, targets):
+        return torch.nn.functional.cross_entropy(outputs, targets, reduction="none")
 """
 
 
@@ -53,6 +88,7 @@ class NotATask:
 def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     (tmp_path / "preflight_user.py").write_text(textwrap.dedent(USER_MODULE))
     monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "preflight_user", raising=False)
     return "preflight_user"
 
 
@@ -104,6 +140,34 @@ def test_user_code_failures_are_named(user_module: str) -> None:
     assert message.startswith("model.name:") and "weights file missing" in message
     message = check([f"task.name={user_module}:NotATask"])
     assert message.startswith("task.name:") and "convoy.tasks.Task" in message
+
+
+def test_data_that_does_not_fit_the_task_is_refused(user_module: str) -> None:
+    data = f"data.name={user_module}:three_classes"
+    model = f"model.name={user_module}:mlp_64"
+    message = check([data, model, "data.kwargs.with_shape=false"])
+    assert message.startswith("task.name: got 'classification'") and "num_classes" in message
+    message = check([*LM[:1], "data.name=digits", "model.name=mlp"])
+    assert message.startswith("task.name:") and "vocab_size" in message
+    message = check([data, model, "data.kwargs.bad_label=true"])
+    assert message.startswith("data.name:") and "is 4, outside 0..2" in message
+    lm_data = [*LM[:2], f"data.name={user_module}:tokens"]
+    message = check(lm_data)
+    assert message.startswith("data.name:") and "vocab_size'] is 50" in message
+    # top5 needs more than 5 classes; bpb needs the tokenizer's bytes per token.
+    assert "allowed:" in check([data, model, "checkpoint.best_metric=val/top5"])
+    message = check([*lm_data, "data.kwargs.vocab=64", "checkpoint.best_metric=val/bpb"])
+    assert message.startswith("checkpoint.best_metric:") and "'val/ppl'" in message
+
+
+def test_user_task_and_model_mistakes_are_named(user_module: str) -> None:
+    data, model = f"data.name={user_module}:three_classes", f"model.name={user_module}:mlp_64"
+    message = check([data, model, f"task.name={user_module}:CountsAnInt"])
+    assert message.startswith("task.name:") and "count must return a 0-d tensor" in message
+    message = check([data, model, f"task.name={user_module}:UnreducedLoss"])
+    assert "loss_sum must return a 0-d tensor" in message and "shape (2,)" in message
+    message = check([data, f"model.name={user_module}:a_function_not_a_model"])
+    assert message.startswith("model.name:") and "not a torch.nn.Module" in message
 
 
 def test_regression_targets_with_nan_are_refused(user_module: str) -> None:

@@ -40,6 +40,9 @@ class Task(ABC):
     """Metrics shown after the loss on the progress line (e.g. ``("acc",)``)."""
     rank_modes: ClassVar[dict[str, Mode]] = {"loss": "min"}
     """Metrics that may rank checkpoints (``checkpoint.best_metric``) and which way is better."""
+    required_shape: ClassVar[tuple[str, ...]] = ()
+    """``Splits.shape`` keys the task cannot work without (``num_classes`` for
+    classification): data without them is refused before any worker starts."""
     fixed_count: ClassVar[bool] = True
     """True when ``count`` depends only on the batch's shape (rows, or rows x outputs), so a
     global batch's count is the rank's count x world size without communication; False
@@ -79,9 +82,38 @@ class Task(ABC):
         """Whether lower or higher is better for a rankable ``<split>/<metric>``."""
         return self.rank_modes[metric.partition("/")[2]]
 
-    def rankable(self) -> list[str]:
-        """Every ``<split>/<metric>`` that ``checkpoint.best_metric`` may name."""
-        return [f"{split}/{name}" for split in ("val", "train") for name in self.rank_modes]
+    def reported(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
+        """The metric names a split reports on this data (``top5`` needs > 5 classes, ``bpb``
+        needs the tokenizer's bytes per token)."""
+        names = {"loss", "samples", self.count_name, *self.metrics(shape, meta)}
+        placeholder = dict.fromkeys(names, 1.0)
+        return names | set(self.derived(placeholder))
+
+    def rankable(self, shape: dict[str, int], meta: dict[str, Any]) -> list[str]:
+        """Every ``<split>/<metric>`` that ``checkpoint.best_metric`` may name on this data."""
+        reported = self.reported(shape, meta)
+        names = [name for name in self.rank_modes if name in reported]
+        return [f"{split}/{name}" for split in ("val", "train") for name in names]
+
+
+def targets_of(dataset: Any, limit: int) -> torch.Tensor:
+    """The targets of (up to ``limit`` items of) a dataset, stacked, read without decoding
+    inputs where the dataset holds them apart (``TensorDataset``, in-memory images,
+    encoded-image records, ``Subset`` of those)."""
+    from torch.utils.data import Subset, TensorDataset
+
+    if isinstance(dataset, Subset):
+        parent = dataset.dataset
+        return targets_of(parent, len(parent))[list(dataset.indices)][:limit]  # type: ignore[arg-type]
+    if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
+        return dataset.tensors[1][:limit]
+    if isinstance(getattr(dataset, "labels", None), torch.Tensor):
+        return dataset.labels[:limit]
+    records = getattr(dataset, "records", None)
+    if isinstance(records, list) and all(hasattr(r, "label") for r in records[:1]):
+        return torch.tensor([r.label for r in records[:limit]], dtype=torch.long)
+    items = [torch.as_tensor(dataset[i][1]) for i in range(min(len(dataset), limit))]
+    return torch.stack(items) if items else torch.zeros(0)
 
 
 def perplexity(mean_nats: float) -> float:

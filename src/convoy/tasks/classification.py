@@ -9,7 +9,10 @@ import torch.nn.functional as F
 from torchmetrics import Metric
 from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
-from convoy.tasks.base import Mode, Task
+from convoy.tasks.base import Mode, Task, targets_of
+
+# Labels checked before training (all of them where they are held apart from the inputs).
+TARGETS_CHECKED = 1_000_000
 
 
 class Classification(Task):
@@ -18,6 +21,7 @@ class Classification(Task):
 
     name = "classification"
     progress_metrics = ("acc", "f1")
+    required_shape = ("num_classes",)
     rank_modes: ClassVar[dict[str, Mode]] = {
         "loss": "min",
         "acc": "max",
@@ -43,6 +47,23 @@ class Classification(Task):
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
         return outputs.detach().float(), targets.long()
+
+    def check_data(self, splits: Any) -> None:
+        classes = splits.shape["num_classes"]
+        for split in ("train", "val", "test"):
+            labels = targets_of(getattr(splits, split), TARGETS_CHECKED)
+            if labels.is_floating_point() or labels.dim() != 1:
+                raise ValueError(
+                    f"classification needs one integer label per sample; the {split} split's "
+                    f"targets are {labels.dtype} of shape {tuple(labels.shape)}"
+                )
+            outside = ((labels < 0) | (labels >= classes)).nonzero()
+            if len(outside):
+                index = int(outside[0])
+                raise ValueError(
+                    f"the {split} split's label at index {index} is {int(labels[index])}, "
+                    f"outside 0..{classes - 1} (shape['num_classes'] is {classes})"
+                )
 
     def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:
         classes = shape.get("num_classes")

@@ -22,6 +22,9 @@ from torchmetrics import Metric
 from convoy.tasks.base import Mode, Task, perplexity
 
 IGNORE_INDEX = -100
+TOKENS_CHECKED = 100_000
+"""Sequences whose token ids are checked against the vocabulary before training (all of a
+packed text stream)."""
 
 
 class TargetBytes(Metric):
@@ -52,6 +55,7 @@ class LanguageModeling(Task):
     count_name = "tokens"
     fixed_count = False
     progress_metrics = ("ppl", "bpb")
+    required_shape = ("vocab_size",)
     rank_modes: ClassVar[dict[str, Mode]] = {"loss": "min", "ppl": "min", "bpb": "min"}
 
     def __init__(self, ignore_index: int = IGNORE_INDEX) -> None:
@@ -82,6 +86,25 @@ class LanguageModeling(Task):
             nats = values["loss"] * values["tokens"]
             derived["bpb"] = nats / math.log(2) / values["bytes"]
         return derived
+
+    def check_data(self, splits: Any) -> None:
+        vocab = splits.shape["vocab_size"]
+        for split in ("train", "val", "test"):
+            dataset = getattr(splits, split)
+            stream = getattr(dataset, "tokens", None)  # packed text: one token stream
+            if isinstance(stream, torch.Tensor):
+                largest = int(stream.max()) if len(stream) else -1
+            else:
+                items = [dataset[i] for i in range(min(len(dataset), TOKENS_CHECKED))]
+                ids = [t.flatten() for item in items for t in item if isinstance(t, torch.Tensor)]
+                real = torch.cat(ids) if ids else torch.zeros(0, dtype=torch.long)
+                real = real[real != self.ignore_index]
+                largest = int(real.max()) if len(real) else -1
+            if largest >= vocab:
+                raise ValueError(
+                    f"the {split} split holds token id {largest}, but shape['vocab_size'] is "
+                    f"{vocab}: ids must be below the vocabulary size"
+                )
 
     def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:
         if not isinstance(outputs, torch.Tensor) or outputs.dim() != 3:

@@ -9,7 +9,7 @@ import torch
 from torchmetrics import Metric
 from torchmetrics.regression import MeanAbsoluteError, R2Score
 
-from convoy.tasks.base import Mode, Task
+from convoy.tasks.base import Mode, Task, targets_of
 
 # Items checked for non-finite targets before training; larger splits are checked up to this.
 TARGETS_CHECKED = 200_000
@@ -47,6 +47,8 @@ class Regression(Task):
         return {"rmse": math.sqrt(values["loss"])}
 
     def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:
+        if not isinstance(outputs, torch.Tensor):
+            raise ValueError(f"regression needs a tensor of predictions; got {type(outputs)}")
         if outputs.numel() != targets.numel():
             per_sample = outputs.numel() // max(1, len(outputs))
             wanted = targets.numel() // max(1, len(targets))
@@ -57,14 +59,14 @@ class Regression(Task):
 
     def check_data(self, splits: Any) -> None:
         for split in ("train", "val", "test"):
-            dataset = getattr(splits, split)
-            for index in range(min(len(dataset), TARGETS_CHECKED)):
-                target = torch.as_tensor(dataset[index][1])
-                if not torch.isfinite(target).all():
-                    raise ValueError(
-                        f"the {split} split's target at index {index} is {target.tolist()}; "
-                        "regression targets must be finite numbers (drop or impute NaN/inf)"
-                    )
+            targets = targets_of(getattr(splits, split), TARGETS_CHECKED).float()
+            bad = (~torch.isfinite(targets)).reshape(len(targets), -1).any(dim=1).nonzero()
+            if len(bad):
+                index = int(bad[0])
+                raise ValueError(
+                    f"the {split} split's target at index {index} is {targets[index].tolist()}; "
+                    "regression targets must be finite numbers (drop or impute NaN/inf)"
+                )
 
 
 def _as_targets(predictions: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
