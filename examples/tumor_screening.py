@@ -22,6 +22,7 @@ The three contracts (see the README, "Your own model, data and task"):
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, ClassVar
 
 import torch
@@ -54,15 +55,29 @@ def screening_data(test_share: float = 0.25, seed: int = 0) -> dict[str, Any]:
     }
 
 
-def screening_mlp(num_features: int = 30, hidden: int = 32, dropout: float = 0.1) -> nn.Module:
-    """A small MLP with one logit per patient; ``num_features`` comes from the data."""
-    return nn.Sequential(
-        nn.Linear(num_features, hidden),
-        nn.GELU(),
-        nn.Dropout(dropout),
-        nn.Linear(hidden, 1),
-        nn.Flatten(0),  # (N, 1) -> (N,)
-    )
+class ScreeningMLP(nn.Module):
+    """Hidden layers in ``blocks`` (so fsdp / fsdp2 shard per layer), one logit per patient."""
+
+    def __init__(self, num_features: int, hidden: int, depth: int, dropout: float) -> None:
+        super().__init__()
+        widths = [num_features] + [hidden] * depth
+        self.blocks = nn.ModuleList(
+            nn.Sequential(nn.Linear(a, b), nn.GELU(), nn.Dropout(dropout))
+            for a, b in itertools.pairwise(widths)
+        )
+        self.head = nn.Linear(widths[-1], 1)
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            features = block(features)
+        return self.head(features)  # (N, 1): the task flattens it
+
+
+def screening_mlp(
+    num_features: int = 30, hidden: int = 32, depth: int = 1, dropout: float = 0.1
+) -> nn.Module:
+    """The model factory; ``num_features`` comes from the data's ``shape``."""
+    return ScreeningMLP(num_features, hidden, depth, dropout)
 
 
 class WeightedBinary(Task):
@@ -79,7 +94,7 @@ class WeightedBinary(Task):
     def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         weight = torch.tensor(self.positive_weight, device=outputs.device)
         return F.binary_cross_entropy_with_logits(
-            outputs.float(), targets.float(), pos_weight=weight, reduction="sum"
+            outputs.float().flatten(), targets.float(), pos_weight=weight, reduction="sum"
         )
 
     def count(self, targets: torch.Tensor) -> torch.Tensor:
@@ -89,10 +104,10 @@ class WeightedBinary(Task):
         return {"acc": BinaryAccuracy(), "recall": BinaryRecall(), "auroc": BinaryAUROC()}
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
-        return torch.sigmoid(outputs.detach().float()), targets.long()
+        return torch.sigmoid(outputs.detach().float().flatten()), targets.long()
 
     def check_output(self, outputs: Any, targets: Any, shape: dict[str, int]) -> None:
-        if outputs.shape != targets.shape:
+        if outputs.numel() != targets.numel():
             raise ValueError(
                 f"one logit per sample expected: outputs {tuple(outputs.shape)}, "
                 f"targets {tuple(targets.shape)}"

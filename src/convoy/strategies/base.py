@@ -14,7 +14,10 @@ from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import torch
+import torch.distributed as dist
 from torch import nn
+
+from convoy.distributed import is_distributed
 
 
 class Strategy:
@@ -62,6 +65,8 @@ def transformer_blocks(model: nn.Module) -> list[nn.Module]:
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.ModuleList) and len(blocks):
         return list(blocks)
+    if is_distributed() and dist.get_rank() != 0:
+        return []  # said once, by rank 0
     warnings.warn(
         f"{type(model).__name__} has no `blocks` (an nn.ModuleList of its repeated layers): "
         "it is sharded as a single unit; expose its layers as `self.blocks` to shard per block",
