@@ -60,6 +60,7 @@ def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = N
         "checkpoint": f"{str(run).rstrip('/')}/{checkpoint_path(name)}",
         "step": meta["step"],
         "data_shape": meta["data_shape"],
+        "data_fingerprint": meta.get("data_fingerprint"),
         "metrics": meta.get("metrics", {}),
         "job": job.model_dump(mode="json"),
     }
@@ -95,6 +96,14 @@ def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> d
     job = job_from_dict(apply_overrides(description["job"], overrides or []))
     check_dataset(job.data)
     splits = load_splits(job.data)
+    trained_on, found = description.get("data_fingerprint"), splits.meta.get("fingerprint")
+    if trained_on and found and trained_on != found:
+        raise ConvoyError(
+            f"data: the data {job.data.name!r} now gives different splits than the model was "
+            f"trained on (fingerprint {found}, trained on {trained_on}); its tokenizer is "
+            "built from them, so the metrics would not be comparable. Point -o data.path= at "
+            "the original text"
+        )
     task = build_task(job.task.name, job.task.kwargs)
     device = torch.device("cpu")
     loader = eval_loader(splits.test, job.data.eval_batch_size, 1, 0)

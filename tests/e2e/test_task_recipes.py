@@ -10,6 +10,7 @@ import pytest
 import convoy
 from convoy.checkpoint import committed_checkpoints, read_meta
 from convoy.config import load_job
+from convoy.errors import ConvoyError
 from convoy.export import evaluate_exported, export_checkpoint
 
 pytestmark = pytest.mark.e2e
@@ -67,3 +68,8 @@ def test_language_model_exports_and_evaluates_bits_per_byte(tmp_path: Path) -> N
     for key in ("test/loss", "test/bpb", "test/ppl", "test/tokens"):
         assert measured[key] == pytest.approx(recorded[key], rel=1e-5)
     assert measured["test/gzip_bpb"] == references["test/gzip_bpb"]
+    # Other text would retrain the tokenizer: evaluating on it is refused, not silently off.
+    other = tmp_path / "other.txt"
+    other.write_text("\n\n".join(f"Paragraph {i}: " + "other words here. " * 40 for i in range(30)))
+    with pytest.raises(ConvoyError, match="different splits than the model was trained on"):
+        evaluate_exported(tmp_path / "export", [f"data.path={other}"])

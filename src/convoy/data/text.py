@@ -28,6 +28,7 @@ of each eval split's text, a baseline any useful model should beat.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import math
 from pathlib import Path
 from typing import Any, Protocol
@@ -306,6 +307,18 @@ def gzip_bits_per_byte(data: bytes) -> float:
 # --- the source -------------------------------------------------------------------------------
 
 
+def corpus_fingerprint(cfg: DataConfig, splits: tuple[list[str], ...]) -> str:
+    """A digest of the split texts and the tokenizer settings: the tokenizer is trained from
+    them, so an export evaluated on other text would be scored with another vocabulary."""
+    digest = hashlib.sha256(f"{cfg.tokenizer}/{cfg.vocab_size}/{cfg.seq_len}".encode())
+    for split in splits:
+        for doc in split:
+            digest.update(doc.encode("utf-8"))
+            digest.update(b"\0")
+        digest.update(b"\1")
+    return digest.hexdigest()[:16]
+
+
 def load_text(cfg: DataConfig) -> Splits:
     """A text corpus as packed next-token sequences; see the module docstring."""
     docs = read_documents(cfg)
@@ -330,6 +343,7 @@ def load_text(cfg: DataConfig) -> Splits:
                 "data.path", cfg.path, f"the {name} split has fewer than 2 tokens; give more text"
             )
     meta: dict[str, Any] = {
+        "fingerprint": corpus_fingerprint(cfg, (train_docs, val_docs, test_docs)),
         "token_bytes": list(tokenizer.token_bytes),
         "reference_metrics": {
             f"{name}/gzip_bpb": gzip_bits_per_byte("\n".join(split).encode("utf-8"))

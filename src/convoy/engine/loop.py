@@ -96,6 +96,8 @@ class TrainState:
     world_size: int = 1
     attempt: int = 1
     data_shape: dict[str, int] = field(default_factory=dict)
+    data_fingerprint: str | None = None
+    """The source's digest of the data a model depends on (a text corpus: its tokenizer)."""
     job_record: dict[str, Any] = field(default_factory=dict)
     latest_metrics: dict[str, float] = field(default_factory=dict)
     heartbeat: Heartbeat | None = None
@@ -127,6 +129,7 @@ class TrainState:
             "scheduler": self.scheduler.state_dict(),
             "scaler": self.precision.scaler.state_dict(),
             "data_shape": self.data_shape,
+            "data_fingerprint": self.data_fingerprint,
             "job": self.job_record,
             "metrics": metrics or self.latest_metrics,
         }
@@ -322,6 +325,7 @@ def _build_state(
         rank=ctx.rank,
         world_size=ctx.world_size,
         data_shape=shape,
+        data_fingerprint=data.meta.get("fingerprint"),
         job_record=job.model_dump(mode="json"),
         model=model,
         optimizer=optimizer,
