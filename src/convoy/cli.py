@@ -195,8 +195,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     print(f"{'metric':<16}{'measured':>14}{'recorded':>14}")
     for key, value in measured.items():
         before = recorded.get(key)
-        print(f"{key:<16}{value:>14.6f}" + (f"{before:>14.6f}" if before is not None else ""))
+        shown = (value, before) if before is not None else (value,)
+        print(f"{key:<16}" + "".join(_evaluated(key, v) for v in shown))
     return 0
+
+
+def _evaluated(key: str, value: float) -> str:
+    """A count as an integer, any other metric to six decimals."""
+    if key.rpartition("/")[2] in COUNT_COLUMNS:
+        return f"{int(value):>14}"
+    return f"{value:>14.6f}"
 
 
 def cmd_list(_: argparse.Namespace) -> int:

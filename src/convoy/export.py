@@ -10,6 +10,7 @@ safetensors, no process group, and unpickles nothing.
 from __future__ import annotations
 
 import json
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,9 @@ def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = N
     job = job_from_dict(meta["job"])  # the job that wrote this checkpoint
     model = _build(job, meta["data_shape"])
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-    with local_copy(run, name) as path:
+    # no_dist=True is the point here: DCP's warning that there is no process group is noise.
+    with local_copy(run, name) as path, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
     out_dir.mkdir(parents=True, exist_ok=True)
     save_file({k: v.contiguous() for k, v in state.items()}, str(out_dir / WEIGHTS_FILE))

@@ -6,6 +6,7 @@ path ``package.module:Class`` (a ``convoy.tasks.Task`` subclass), built with ``t
 
 from __future__ import annotations
 
+import difflib
 import importlib
 from typing import Any
 
@@ -27,7 +28,11 @@ def resolve_task(name: str) -> type[Task]:
     if name in TASKS:
         return TASKS[name]
     if ":" not in name:
-        raise ConfigError("task.name", name, f"{one_of(TASKS)}, or a class 'package.module:Class'")
+        guess = difflib.get_close_matches(name, TASKS, n=1, cutoff=0.6)
+        hint = f"did you mean {guess[0]!r}? " if guess else ""
+        raise ConfigError(
+            "task.name", name, f"{hint}{one_of(TASKS)}, or a class 'package.module:Class'"
+        )
     module_name, _, attr = name.partition(":")
     try:
         found = getattr(importlib.import_module(module_name), attr)
