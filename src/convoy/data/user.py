@@ -16,7 +16,6 @@ failure is one ``ConfigError`` line naming ``data.name`` (or ``data.kwargs``).
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable, Mapping
 from dataclasses import replace
@@ -28,6 +27,7 @@ from convoy.config import DataConfig
 from convoy.data.base import SizedDataset, Splits, hold_out
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError
+from convoy.imports import describe, import_attribute
 
 FACTORY_FORM = "a user data factory is 'package.module:function'"
 SPLIT_KEYS = ("train", "val", "test")
@@ -41,23 +41,13 @@ def is_user_data(name: str) -> bool:
 
 def resolve_data_factory(name: str) -> Callable[..., Any]:
     """Import ``package.module:function`` (no call), or a ``ConfigError`` on data.name."""
-    module_name, _, attr = name.partition(":")
-    if not module_name or not attr:
-        raise ConfigError("data.name", name, FACTORY_FORM)
-    try:
-        module = importlib.import_module(module_name)
-    except Exception as exc:  # ImportError, or anything the module raises while importing
-        raise ConfigError(
-            "data.name", name, f"could not import {module_name}: {_describe(exc)}"
-        ) from None
-    factory = getattr(module, attr, None)
-    if factory is None:
-        raise ConfigError("data.name", name, f"module {module_name} has no attribute {attr!r}")
+    factory = import_attribute("data.name", name, FACTORY_FORM)
     if not callable(factory):
         raise ConfigError(
             "data.name",
             name,
-            f"{attr} is a {type(factory).__name__}, not a callable; {FACTORY_FORM}",
+            f"{name.partition(':')[2]} is a {type(factory).__name__}, not a callable; "
+            f"{FACTORY_FORM}",
         )
     return factory
 
@@ -84,7 +74,7 @@ def load_user_data(cfg: DataConfig) -> Splits:
     try:
         result = factory(**cfg.kwargs)
     except Exception as exc:
-        raise ConfigError("data.name", cfg.name, f"the factory raised {_describe(exc)}") from None
+        raise ConfigError("data.name", cfg.name, f"the factory raised {describe(exc)}") from None
     if isinstance(result, Splits):
         for split in SPLIT_KEYS:
             _check_dataset(cfg.name, split, getattr(result, split))
@@ -152,7 +142,7 @@ def _check_dataset(name: str, split: str, dataset: Any) -> SizedDataset:
         size = len(dataset)
     except Exception as exc:
         raise ConfigError(
-            "data.name", name, f"len() of the {split} split raised {_describe(exc)}"
+            "data.name", name, f"len() of the {split} split raised {describe(exc)}"
         ) from None
     if size == 0:
         raise ConfigError("data.name", name, f"the {split} split is empty")
@@ -175,9 +165,3 @@ def _cap_train(splits: Splits, train_size: int | None) -> Splits:
         return splits
     train: Subset[Any] = Subset(splits.train, range(train_size))  # type: ignore[arg-type]
     return replace(splits, train=train)
-
-
-def _describe(exc: BaseException) -> str:
-    """An exception as ``Type: message`` on one line."""
-    message = " ".join(str(exc).split())
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

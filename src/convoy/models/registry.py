@@ -13,7 +13,6 @@ strategies; others are sharded as one unit.
 
 from __future__ import annotations
 
-import importlib
 import inspect
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +20,7 @@ from typing import Any
 from torch import nn
 
 from convoy.errors import ConfigError, one_of
+from convoy.imports import import_attribute
 from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
 from convoy.models.mlp import MLP
 from convoy.models.sequence import Conv1dNet
@@ -51,11 +51,7 @@ def resolve_factory(name: str) -> ModelFactory:
         raise ConfigError(
             "model.name", name, f"{one_of(MODELS)}, or a factory path 'package.module:function'"
         )
-    module_name, _, attr = name.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError("model.name", name, f"could not import the factory: {exc}") from None
+    factory = import_attribute("model.name", name, "a model factory is 'package.module:function'")
     if not callable(factory):
         raise ConfigError("model.name", name, "the import path must name a callable")
     return factory

@@ -7,10 +7,10 @@ path ``package.module:Class`` (a ``convoy.tasks.Task`` subclass), built with ``t
 from __future__ import annotations
 
 import difflib
-import importlib
 from typing import Any
 
 from convoy.errors import ConfigError, one_of
+from convoy.imports import import_attribute
 from convoy.tasks.base import Task
 from convoy.tasks.classification import Classification
 from convoy.tasks.language_modeling import LanguageModeling
@@ -33,11 +33,7 @@ def resolve_task(name: str) -> type[Task]:
         raise ConfigError(
             "task.name", name, f"{hint}{one_of(TASKS)}, or a class 'package.module:Class'"
         )
-    module_name, _, attr = name.partition(":")
-    try:
-        found = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise ConfigError("task.name", name, f"could not import the task: {exc}") from None
+    found = import_attribute("task.name", name, "a task class is 'package.module:Class'")
     if not (isinstance(found, type) and issubclass(found, Task)):
         raise ConfigError(
             "task.name", name, "the import path must name a subclass of convoy.tasks.Task"
