@@ -21,6 +21,8 @@ from torch import nn
 from convoy.checkpoint import checkpoint_path, committed_checkpoints, local_copy, read_meta
 from convoy.config import Job, apply_overrides, job_from_dict
 from convoy.errors import ConvoyError
+from convoy.outputs import TOKENIZER_FILE
+from convoy.storage import RunStorage
 
 WEIGHTS_FILE = "model.safetensors"
 MODEL_FILE = "model.json"
@@ -68,6 +70,9 @@ def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = N
         "job": job.model_dump(mode="json"),
     }
     (out_dir / MODEL_FILE).write_text(json.dumps(description, indent=2))
+    storage = RunStorage.at(run)
+    if storage.exists(TOKENIZER_FILE):  # a text model travels with its tokenizer
+        (out_dir / TOKENIZER_FILE).write_text(storage.read_text(TOKENIZER_FILE))
     return out_dir
 
 

@@ -20,6 +20,8 @@ from convoy.storage import RunStorage
 CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
+TOKENIZER_FILE = "tokenizer.json"
+"""A text run's trained tokenizer (HuggingFace ``tokenizers`` JSON); exports copy it."""
 
 
 def write_config(job: Job) -> RunStorage:
@@ -53,6 +55,11 @@ class RunOutputs:
         if self.enabled:
             line = json.dumps({"time": time.time(), **record}) + "\n"
             self.storage.append_text(METRICS_FILE, line)
+
+    def write_file(self, name: str, text: str) -> None:
+        """A file of the run directory that the data or model hands over (a tokenizer)."""
+        if self.enabled:
+            self.storage.write_text(name, text)
 
     def write_summary(self, summary: dict[str, Any]) -> None:
         if self.enabled:

@@ -68,6 +68,17 @@ def test_language_model_exports_and_evaluates_bits_per_byte(tmp_path: Path) -> N
     for key in ("test/loss", "test/bpb", "test/ppl", "test/tokens"):
         assert measured[key] == pytest.approx(recorded[key], rel=1e-5)
     assert measured["test/gzip_bpb"] == references["test/gzip_bpb"]
+    # The export carries the trained tokenizer: text in, the model's token ids, text out.
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tmp_path / "export" / "tokenizer.json"))
+    sentence = "The for statement iterates over the items of any sequence."
+    ids = tokenizer.encode(sentence).ids
+    assert (
+        len(ids) < len(sentence)
+        and max(ids) < read_meta(result.run_dir, latest)["data_shape"]["vocab_size"]
+    )
+    assert tokenizer.decode(ids) == sentence
     # Other text would retrain the tokenizer: evaluating on it is refused, not silently off.
     other = tmp_path / "other.txt"
     other.write_text("\n\n".join(f"Paragraph {i}: " + "other words here. " * 40 for i in range(30)))

@@ -216,7 +216,7 @@ class BPETokenizer:
 
     def __init__(self, train_docs: list[str], vocab_size: int) -> None:
         try:
-            from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+            from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
         except ImportError:
             raise ConvoyError(
                 "data.tokenizer 'bpe' needs HuggingFace tokenizers: pip install 'convoy[text]' "
@@ -225,6 +225,7 @@ class BPETokenizer:
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         self.tokenizer = Tokenizer(models.BPE())
         self.tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        self.tokenizer.decoder = decoders.ByteLevel()  # so a saved tokenizer decodes to text
         trainer = trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=2,
@@ -241,6 +242,10 @@ class BPETokenizer:
             self.token_strings[index] = bytes(to_byte[c] for c in token)
         self.token_bytes = [len(s) for s in self.token_strings]
         self.newline = vocab[next(c for c, b in to_byte.items() if b == ord("\n"))]
+
+    def to_json(self) -> str:
+        """The trained tokenizer as ``tokenizers``' JSON (``Tokenizer.from_str`` reads it)."""
+        return str(self.tokenizer.to_str())
 
     def encode(self, docs: list[str]) -> torch.Tensor:
         parts: list[np.ndarray] = []
@@ -345,6 +350,8 @@ def load_text(cfg: DataConfig) -> Splits:
     meta: dict[str, Any] = {
         "fingerprint": corpus_fingerprint(cfg, (train_docs, val_docs, test_docs)),
         "token_bytes": list(tokenizer.token_bytes),
+        # The trained BPE, saved beside the run and its exports (None for raw bytes).
+        "tokenizer_json": tokenizer.to_json() if isinstance(tokenizer, BPETokenizer) else None,
         "reference_metrics": {
             f"{name}/gzip_bpb": gzip_bits_per_byte("\n".join(split).encode("utf-8"))
             for name, split in (("val", val_docs), ("test", test_docs))

@@ -50,7 +50,7 @@ from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_na
 from convoy.errors import ConfigError
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model, count_parameters
-from convoy.outputs import RunOutputs
+from convoy.outputs import TOKENIZER_FILE, RunOutputs
 from convoy.storage import RunStorage
 from convoy.strategies import Strategy, build_strategy
 from convoy.strategies.base import dtype_from_name
@@ -172,6 +172,8 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
     progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
+    if data.meta.get("tokenizer_json"):
+        outputs.write_file(TOKENIZER_FILE, data.meta["tokenizer_json"])
     if job.fault.kind != "none":
         state.attempt = next_attempt(storage, ctx.is_main)
     start = _restore(job, ctx, state, storage, progress)
