@@ -31,6 +31,24 @@ TINY_VIT_OVERRIDES = (
 )
 
 
+def parity_overrides(
+    storage: Any, strategy: str, workers: int, steps: int, seed: int, name: str
+) -> list[str]:
+    """The overrides a strategy-parity run shares: ``strategy`` on ``workers`` ranks (one:
+    the local launcher, more: torchrun), ``steps`` steps with every step's loss logged."""
+    return [
+        f"strategy.name={strategy}",
+        f"scaling.num_workers={workers}",
+        "scaling.launcher=local" if workers == 1 else "scaling.launcher=torchrun",
+        f"run.max_steps={steps}",
+        "run.log_every_steps=1",
+        "run.progress=off",
+        f"run.seed={seed}",
+        f"run.storage_dir={storage}",
+        f"run.name={name}",
+    ]
+
+
 def train_on_rank(ctx: WorkerContext, job: Job) -> dict[str, Any]:
     """``run_on_gloo(train_on_rank, 2, job)`` trains ``job`` on two spawned ranks."""
     from convoy.engine.loop import train

@@ -14,7 +14,7 @@ from convoy.config import Job, load_job
 from convoy.distributed import WorkerContext
 from convoy.engine.loop import train
 from convoy.outputs import read_metrics
-from convoy.testing import TINY_VIT_OVERRIDES, run_on_gloo, train_on_rank
+from convoy.testing import TINY_VIT_OVERRIDES, parity_overrides, run_on_gloo, train_on_rank
 
 pytestmark = pytest.mark.distributed
 STEPS = 8
@@ -27,18 +27,10 @@ def parity_job(tmp_path: Path, strategy: str, workers: int, extra: list[str] = (
             *TINY_VIT_OVERRIDES,
             "data.name=digits",
             "data.batch_size=32",
-            f"strategy.name={strategy}",
-            f"scaling.num_workers={workers}",
-            "scaling.launcher=local" if workers == 1 else "scaling.launcher=torchrun",
             "optim.lr=5e-3",
             "optim.warmup_steps=2",
             "optim.grad_clip_norm=1.0",
-            f"run.max_steps={STEPS}",
-            "run.log_every_steps=1",
-            "run.progress=off",
-            "run.seed=7",
-            f"run.storage_dir={tmp_path}",
-            f"run.name={strategy}-{workers}",
+            *parity_overrides(tmp_path, strategy, workers, STEPS, 7, f"{strategy}-{workers}"),
             *extra,
         ],
     )

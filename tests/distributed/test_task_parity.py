@@ -21,7 +21,7 @@ from convoy.engine.loop import seed_everything, train
 from convoy.models.registry import build_model
 from convoy.outputs import read_metrics
 from convoy.tasks import LanguageModeling
-from convoy.testing import run_on_gloo, train_on_rank
+from convoy.testing import parity_overrides, run_on_gloo, train_on_rank
 from task_data_helpers import GPT_TINY_OVERRIDES, real_tokens
 
 pytestmark = pytest.mark.distributed
@@ -38,18 +38,10 @@ def lm_job(tmp_path: Path, strategy: str, workers: int, extra: list[str] = ()) -
             "task.name=language_modeling",
             "data.name=task_data_helpers:ragged_lm",
             f"data.batch_size={BATCH}",
-            f"strategy.name={strategy}",
-            f"scaling.num_workers={workers}",
-            "scaling.launcher=local" if workers == 1 else "scaling.launcher=torchrun",
             "optim.lr=1e-2",
             "optim.warmup_steps=1",
             "optim.grad_clip_norm=1.0",
-            f"run.max_steps={STEPS}",
-            "run.log_every_steps=1",
-            "run.progress=off",
-            f"run.seed={SEED}",
-            f"run.storage_dir={tmp_path}",
-            f"run.name={strategy}-{workers}",
+            *parity_overrides(tmp_path, strategy, workers, STEPS, SEED, f"{strategy}-{workers}"),
             *extra,
         ],
     )
@@ -64,17 +56,11 @@ def regression_job(tmp_path: Path, strategy: str, workers: int) -> Job:
             "model.kwargs.hidden=32",
             "data.name=diabetes",
             "data.batch_size=32",
-            f"strategy.name={strategy}",
-            f"scaling.num_workers={workers}",
-            "scaling.launcher=local" if workers == 1 else "scaling.launcher=torchrun",
             "optim.lr=1e-2",
             "optim.grad_clip_norm=1.0",
-            f"run.max_steps={STEPS}",
-            "run.log_every_steps=1",
-            "run.progress=off",
-            f"run.seed={SEED}",
-            f"run.storage_dir={tmp_path}",
-            f"run.name=regression-{strategy}-{workers}",
+            *parity_overrides(
+                tmp_path, strategy, workers, STEPS, SEED, f"regression-{strategy}-{workers}"
+            ),
         ],
     )
 
