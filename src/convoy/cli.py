@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from convoy.config import Job, job_to_yaml, load_job
+from convoy.engine.progress import PERCENT_METRICS
 from convoy.errors import ConvoyError
 
 EXAMPLES = """\
@@ -258,7 +259,6 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
 
 
 COUNT_COLUMNS = ("samples", "tokens")
-PERCENT_COLUMNS = ("acc", "top5")
 
 
 def _metric_columns(metrics: dict[str, float], references: dict[str, float]) -> list[str]:
@@ -273,7 +273,7 @@ def _metric_columns(metrics: dict[str, float], references: dict[str, float]) -> 
 def _cell(column: str, value: float | None) -> str:
     if value is None:
         return f"{'-':>12}"
-    if column in PERCENT_COLUMNS:
+    if column in PERCENT_METRICS:
         return f"{100 * value:>11.2f}%"
     if column in COUNT_COLUMNS:
         return f"{int(value):>12}"

@@ -95,10 +95,6 @@ class Splits:
     """Facts for the task and the summary that are not model arguments (a tokenizer's bytes
     per token, reference metrics such as gzip's bits per byte)."""
 
-    @property
-    def num_classes(self) -> int:
-        return int(self.shape["num_classes"])
-
 
 def image_shape(num_classes: int, in_channels: int, image_size: int) -> dict[str, int]:
     """The shape of an image-classification dataset."""

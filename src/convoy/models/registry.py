@@ -40,7 +40,6 @@ MODELS: dict[str, ModelFactory] = {
     "conv1d": Conv1dNet,
     "tabular_mlp": TabularMLP,
 }
-DATA_SHAPED_KWARGS = ("num_classes", "in_channels", "image_size")
 
 
 def resolve_factory(name: str) -> ModelFactory:
