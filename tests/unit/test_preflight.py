@@ -70,6 +70,24 @@ def a_function_not_a_model(num_classes: int = 3):
     return lambda x: x
 
 
+class ReadsValues(nn.Module):
+    # Runs on CPU but not on the meta device: it reads a value.
+
+    def __init__(self, num_classes: int = 3, fail: bool = False):
+        super().__init__()
+        self.linear = nn.Linear(64, num_classes)
+        self.fail = fail
+
+    def forward(self, x):
+        if self.fail:
+            raise RuntimeError("cannot run this batch")
+        return self.linear(x) * float(x.abs().max().item() > 0)
+
+
+def reads_values(num_classes: int = 3, fail: bool = False):
+    return ReadsValues(num_classes, fail)
+
+
 from convoy.tasks import Classification
 
 
@@ -168,6 +186,15 @@ def test_user_task_and_model_mistakes_are_named(user_module: str) -> None:
     assert "loss_sum must return a 0-d tensor" in message and "shape (2,)" in message
     message = check([data, f"model.name={user_module}:a_function_not_a_model"])
     assert message.startswith("model.name:") and "not a torch.nn.Module" in message
+
+
+def test_a_model_that_cannot_run_on_meta_is_checked_on_cpu(user_module: str) -> None:
+    data, model = f"data.name={user_module}:three_classes", f"model.name={user_module}:reads_values"
+    preflight(load_job(None, [*BASE, data, model]))  # fits: the CPU forward is checked
+    message = check([data, model, "model.kwargs.num_classes=5"])
+    assert message.startswith("model.kwargs:") and "data has 3 classes" in message
+    message = check([data, model, "model.kwargs.fail=true"])
+    assert message.startswith("model.name:") and "RuntimeError: cannot run this batch" in message
 
 
 def test_regression_targets_with_nan_are_refused(user_module: str) -> None:
