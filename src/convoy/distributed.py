@@ -13,6 +13,7 @@ import socket
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, NoReturn
 
 import torch
@@ -36,6 +37,8 @@ class WorkerContext:
     """Hands each committed checkpoint (path relative to the run, metrics) to the launcher."""
     resume_from: str | None = None
     """The checkpoint the launcher says to resume from (relative to the run), if any."""
+    cpus: float | None = None
+    """CPUs the launcher gave this worker (Ray's allocation); None: its share of the node."""
     data: Any = None
     """Data the launcher prepared (a ``WorkerData`` of Ray Data shards); None: the engine
     builds DataLoaders itself."""
@@ -142,5 +145,46 @@ def exit_without_teardown(code: int = 0) -> NoReturn:
 
 
 def default_threads(local_world_size: int) -> int:
-    """Split the node's cores between the workers on it."""
-    return max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    """Split the CPUs this process may use (``usable_cpus``) between the workers on the node."""
+    return max(1, int(usable_cpus()) // max(1, local_world_size))
+
+
+def worker_threads(ctx: WorkerContext) -> int:
+    """torch threads for a worker: the CPUs its launcher gave it (Ray's allocation), else its
+    share of the CPUs this process may use."""
+    if ctx.cpus is not None:
+        return max(1, int(ctx.cpus))
+    return default_threads(ctx.local_world_size)
+
+
+def usable_cpus(cgroup_root: Path = Path("/sys/fs/cgroup")) -> float:
+    """CPUs this process may use: its affinity mask, capped by the cgroup CPU quota.
+
+    ``os.cpu_count()`` is the host's count; a container's or Kubernetes pod's CPU limit is a
+    cgroup quota, and ``taskset`` / a scheduler's pinning is the affinity mask.
+    """
+    try:
+        count: float = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        count = os.cpu_count() or 1
+    quota = cgroup_cpu_quota(cgroup_root)
+    return max(1.0, min(count, quota)) if quota is not None else count
+
+
+def cgroup_cpu_quota(root: Path = Path("/sys/fs/cgroup")) -> float | None:
+    """The CPU quota (quota / period) of this process's cgroup, v2 or v1; None when unlimited."""
+    candidates = [root / "cpu.max", root / "cpu" / "cpu.cfs_quota_us", root / "cpu.cfs_quota_us"]
+    for path in candidates:
+        try:
+            text = path.read_text().split()
+        except OSError:
+            continue
+        if path.name == "cpu.max":  # v2: "<quota|max> <period>"
+            if text[0] == "max":
+                return None
+            return int(text[0]) / int(text[1])
+        quota = int(text[0])  # v1: -1 means unlimited
+        if quota <= 0:
+            return None
+        return quota / int((path.parent / "cpu.cfs_period_us").read_text())
+    return None

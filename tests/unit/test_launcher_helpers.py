@@ -7,15 +7,29 @@ from pathlib import Path
 import pytest
 
 from convoy.config import load_job
+from convoy.distributed import (
+    WorkerContext,
+    cgroup_cpu_quota,
+    free_port,
+    usable_cpus,
+    worker_threads,
+)
 from convoy.errors import ConfigError, ResourceError
-from convoy.launchers.base import resolve_run
+from convoy.launchers.base import check_shared_storage, resolve_run
 from convoy.launchers.ray import (
     check_cluster_resources,
     placeable_workers,
     reserve_data_cpus,
     worker_resources,
 )
-from convoy.launchers.torchrun import nodes_range, torchrun_command
+from convoy.launchers.torchrun import (
+    nnodes_argument,
+    node_address,
+    nodes_range,
+    procs_per_node,
+    torchrun_command,
+)
+from convoy.network import interface_with_address, socket_interface_env
 
 
 def test_resolve_run_makes_storage_absolute_and_names_the_run(
@@ -73,7 +87,7 @@ def test_without_a_running_ray_a_private_one_is_started(monkeypatch: pytest.Monk
     fake = FakeRay()
     monkeypatch.setattr(ray_launcher, "running_local_cluster", lambda: None)
     assert ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
-    assert "address" not in fake.calls[0] and fake.calls[0]["include_dashboard"] is False
+    assert "address" not in fake.calls[0] and fake.calls[0]["dashboard_host"] == "127.0.0.1"
 
 
 def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
@@ -85,6 +99,7 @@ def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
             "scaling.max_failures=3",
             "scaling.torchrun.nnodes=1:2",
             "scaling.torchrun.rdzv_endpoint=head:29400",
+            "scaling.torchrun.local_addr=10.0.0.5",
             "run.name=exp",
         ],
     )
@@ -97,6 +112,7 @@ def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
         "--rdzv-backend=c10d",
         "--rdzv-endpoint=head:29400",
         "--rdzv-id=exp",
+        "--local-addr=10.0.0.5",
     ):
         assert flag in command
     assert command[-3:] == ["-m", "convoy.launchers.torchrun", str(tmp_path / "config.yaml")]
@@ -112,7 +128,9 @@ def test_worker_count_must_spread_over_nodes() -> None:
     job = load_job(
         None, ["scaling.num_workers=3", "scaling.torchrun.nnodes=2", "data.batch_size=63"]
     )
-    with pytest.raises(ConfigError, match=r"multiple of the node count 2"):
+    with pytest.raises(
+        ConfigError, match=r"node count 2 \(scaling.torchrun.nnodes\) x the workers per node"
+    ):
         torchrun_command(job, Path("c.yaml"))
 
 
@@ -157,3 +175,98 @@ def test_ray_data_refuses_a_layout_that_starves_it() -> None:
 def test_ray_data_needs_the_ray_launcher() -> None:
     with pytest.raises(ConfigError, match=r"data.loader: got 'ray_data'; .* scaling.launcher: ray"):
         load_job(None, ["data.loader=ray_data", "scaling.launcher=torchrun"])
+
+
+def test_elastic_workers_map_to_torchrun_node_ranges(tmp_path: Path) -> None:
+    job = load_job(
+        None,
+        [
+            "scaling.launcher=torchrun",
+            "scaling.num_workers=[2,4]",
+            "scaling.torchrun.nproc_per_node=2",
+            "scaling.torchrun.local_addr=10.0.0.5",
+            "data.batch_size=48",
+        ],
+    )
+    assert nnodes_argument(job) == "1:2" and procs_per_node(job) == 2
+    assert "--nnodes=1:2" in torchrun_command(job, tmp_path / "c.yaml", "10.0.0.1:29400")
+    odd = load_job(None, ["scaling.launcher=torchrun", "scaling.num_workers=[1,2]"])
+    with pytest.raises(ConfigError, match=r"multiples of 2"):
+        procs_per_node(
+            odd.model_copy(
+                update={
+                    "scaling": odd.scaling.model_copy(
+                        update={
+                            "torchrun": odd.scaling.torchrun.model_copy(
+                                update={"nproc_per_node": 2}
+                            )
+                        }
+                    )
+                }
+            )
+        )
+    clash = load_job(None, ["scaling.num_workers=[1,2]", "scaling.torchrun.nnodes=1:3"])
+    with pytest.raises(ConfigError, match=r"scaling\.torchrun\.nnodes: got '1:3'.*--nnodes 1:2"):
+        nnodes_argument(clash)
+
+
+def test_an_unreachable_rendezvous_host_is_named() -> None:
+    job = load_job(
+        None,
+        ["scaling.torchrun.nnodes=2", "scaling.torchrun.rdzv_endpoint=no-such-host.invalid:29400"],
+    )
+    with pytest.raises(ConfigError, match=r"scaling\.torchrun\.rdzv_endpoint"):
+        node_address(job, "no-such-host.invalid:29400")
+
+
+def test_an_elastic_batch_must_split_at_every_size() -> None:
+    with pytest.raises(ConfigError, match=r"does not split over 3 worker\(s\).*multiple of 12"):
+        load_job(None, ["scaling.num_workers=[1,4]", "data.batch_size=64"])
+    assert load_job(None, ["scaling.num_workers=1:4", "data.batch_size=48"]).scaling.elastic
+
+
+def test_local_storage_is_refused_when_workers_span_nodes(tmp_path: Path) -> None:
+    job = load_job(None, [f"run.storage_dir={tmp_path}"])
+    check_shared_storage(job, 1, "one node")
+    with pytest.raises(ConfigError, match=r"run\.storage_dir: .*s3://.*run\.shared_storage: true"):
+        check_shared_storage(job, 2, "2 nodes")
+    shared = load_job(None, [f"run.storage_dir={tmp_path}", "run.shared_storage=true"])
+    check_shared_storage(shared, 2, "2 nodes")
+    check_shared_storage(load_job(None, ["run.storage_dir=s3://bucket/runs"]), 2, "2 nodes")
+
+
+def test_cpu_quota_is_read_from_cgroup_v2_and_v1(tmp_path: Path) -> None:
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "cpu.max").write_text("150000 100000\n")
+    assert cgroup_cpu_quota(v2) == 1.5
+    (v2 / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(v2) is None
+    v1 = tmp_path / "v1" / "cpu"
+    v1.mkdir(parents=True)
+    (v1 / "cpu.cfs_quota_us").write_text("300000\n")
+    (v1 / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(tmp_path / "v1") == 3.0
+    (tmp_path / "v2" / "cpu.max").write_text("50000 100000\n")
+    assert usable_cpus(tmp_path / "v2") == 1.0  # never below one
+
+
+def test_threads_follow_the_cpus_a_worker_was_given() -> None:
+    assert worker_threads(WorkerContext(cpus=3.0, local_world_size=1)) == 3
+    assert worker_threads(WorkerContext(cpus=0.5)) == 1
+    assert worker_threads(WorkerContext(local_world_size=64)) == 1
+
+
+def test_the_interface_of_an_address_is_found() -> None:
+    assert interface_with_address("127.0.0.1") == "lo"
+    assert interface_with_address("203.0.113.77") is None
+    assert socket_interface_env("203.0.113.77") == {}
+
+
+@pytest.mark.parametrize("address", ["127.0.0.1:{port}", "nohost"])
+def test_ray_address_with_nothing_there_fails_at_once(address: str) -> None:
+    from convoy.errors import LaunchError
+    from convoy.launchers.ray import check_reachable
+
+    with pytest.raises(LaunchError, match=r"^RAY_ADDRESS: "):
+        check_reachable(address.format(port=free_port()))

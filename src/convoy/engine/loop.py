@@ -37,9 +37,9 @@ from convoy.distributed import (
     WorkerContext,
     all_gather_objects,
     all_reduce_sum,
-    default_threads,
     join_process_group,
     peak_memory_bytes,
+    worker_threads,
 )
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
@@ -140,7 +140,7 @@ class TrainState:
 
 def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
     """Train ``job`` on this worker and return the run summary (same on every rank)."""
-    torch.set_num_threads(job.scaling.threads_per_worker or default_threads(ctx.local_world_size))
+    torch.set_num_threads(job.scaling.threads_per_worker or worker_threads(ctx))
     strategy = build_strategy(job.strategy, ctx.device, dtype_from_name(job.precision))
     created_group = False
     if strategy.requires_process_group or ctx.world_size > 1:

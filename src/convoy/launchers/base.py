@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 import torch
 
 from convoy.config import Job
-from convoy.errors import ResourceError
+from convoy.errors import ConfigError, ResourceError
 from convoy.storage import is_remote
 
 
@@ -90,3 +90,21 @@ def check_local_gpus(job: Job, workers_on_this_node: int) -> None:
 
 def local_device(job: Job, local_rank: int) -> torch.device:
     return torch.device("cuda", local_rank) if job.scaling.use_gpu else torch.device("cpu")
+
+
+def check_shared_storage(job: Job, nodes: int, where: str) -> None:
+    """Refuse a local run directory when workers may sit on several nodes.
+
+    Each node would write its own shards into its own disk, and no node could read a
+    complete checkpoint back. ``run.shared_storage: true`` says the path is a filesystem every
+    node mounts at the same place (NFS, EFS, a Kubernetes PVC); ``s3://`` needs nothing.
+    """
+    if nodes <= 1 or is_remote(job.run.storage_dir) or job.run.shared_storage:
+        return
+    raise ConfigError(
+        "run.storage_dir",
+        job.run.storage_dir,
+        f"workers may run on {nodes} nodes ({where}), and a local path on one node is not "
+        "seen by the others; use s3://bucket/prefix, or a path every node mounts at the same "
+        "place and run.shared_storage: true",
+    )

@@ -1,7 +1,7 @@
 """``ray``: Ray Train V2's ``TorchTrainer`` on an embedded local Ray or any Ray cluster.
 
-Without ``RAY_ADDRESS`` the launcher starts a local Ray sized to this machine (no dashboard)
-and stops it afterwards; with it, it connects to that cluster (or KubeRay head). Before
+Without ``RAY_ADDRESS`` the launcher starts a local Ray sized to this machine (dashboard on
+loopback) and stops it afterwards; with it, it connects to that cluster (or KubeRay head). Before
 submitting it compares the request with what the cluster can ever place, because Ray would
 otherwise wait for resources forever. Ray is imported lazily: ``import convoy`` and the
 other launchers work without it.
@@ -14,7 +14,9 @@ import functools
 import logging
 import math
 import os
+import socket
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -22,7 +24,7 @@ import torch
 from convoy.config import Job, job_from_dict
 from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError, LaunchError, ResourceError
-from convoy.launchers.base import Launcher, RunResult
+from convoy.launchers.base import Launcher, RunResult, check_shared_storage
 from convoy.outputs import read_summary, write_config
 
 
@@ -70,17 +72,28 @@ def check_cluster_resources(job: Job, nodes: list[dict[str, float]]) -> None:
     """Raise ``ResourceError`` if the workers can never all be placed."""
     request = worker_resources(job)
     fits = placeable_workers(request, nodes)
-    if fits < job.scaling.num_workers:
+    if fits < job.scaling.min_workers:
         totals: dict[str, float] = {}
         for node in nodes:
             for key in request:
                 totals[key] = totals.get(key, 0.0) + node.get(key, 0.0)
+        wanted = (
+            f"at least {job.scaling.min_workers}"
+            if job.scaling.elastic
+            else job.scaling.min_workers
+        )
         raise ResourceError(
-            f"scaling.num_workers: got {job.scaling.num_workers} workers of {request} each, but "
+            f"scaling.num_workers: got {wanted} workers of {request} each, but "
             f"this Ray cluster ({len(nodes)} node(s), {totals} in all) can place at most {fits}; "
             f"lower scaling.num_workers or scaling.cpus_per_worker (fractions are allowed), "
             f"or add nodes"
         )
+
+
+def worker_nodes(job: Job, nodes: list[dict[str, float]]) -> list[dict[str, float]]:
+    """The nodes that can host at least one train worker."""
+    request = worker_resources(job)
+    return [node for node in nodes if placeable_workers(request, [node]) > 0]
 
 
 def alive_node_resources(ray: Any) -> list[dict[str, float]]:
@@ -126,7 +139,9 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     if ray.is_initialized():
         return False
     if cluster.address:
-        ray.init(address=cluster.address)
+        check_reachable(cluster.address)
+        quiet_ray_loggers()
+        ray.init(address=cluster.address, logging_config=ray.LoggingConfig(log_level="ERROR"))
         return True
     running = running_local_cluster()
     if running:
@@ -140,12 +155,67 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     quiet_ray_loggers()
     ray.init(
         num_cpus=os.cpu_count(),
-        include_dashboard=False,
-        # Without the dashboard, Ray Train's placement-group cleaner warns every second that
-        # the state API is unavailable; keep Ray's own logs at ERROR in embedded mode.
+        # The dashboard serves the state API, which Ray Train's placement-group cleaner needs
+        # (without it a stopped run's workers leak their CPUs); on loopback only.
+        include_dashboard=True,
+        dashboard_host="127.0.0.1",
         logging_config=ray.LoggingConfig(log_level="ERROR"),
     )
     return True
+
+
+# How long to wait for anything to accept a connection at RAY_ADDRESS before saying so.
+CONNECT_TIMEOUT_S = 5.0
+TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def check_reachable(address: str) -> None:
+    """Fail in seconds, with the fix, when ``RAY_ADDRESS`` cannot be joined.
+
+    ``ray.init`` would retry for about 20 s, printing a line a second, both when nothing
+    listens there and when the cluster wants a token this machine lacks. A cluster started
+    with token auth is joined like ``ray.init("auto")`` does: token mode is turned on when
+    a token is available (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``).
+    """
+    if address.startswith("ray://"):
+        return  # Ray Client: its own handshake, with its own timeout
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(f"RAY_ADDRESS: got {address!r}; expected host:port of the Ray head")
+    try:
+        socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise LaunchError(
+            f"RAY_ADDRESS: nothing accepts connections at {address} ({exc.strerror or exc}); "
+            f"start the head there (ray start --head --port {port}) or unset RAY_ADDRESS to "
+            "train on an embedded local Ray"
+        ) from None
+    if not os.environ.get("RAY_AUTH_MODE") and token_available():
+        os.environ["RAY_AUTH_MODE"] = "token"
+    _check_token(address)
+
+
+def token_available() -> bool:
+    """True if Ray would find an authentication token on this machine."""
+    if any(os.environ.get(name) for name in TOKEN_VARIABLES):
+        return True
+    return (Path.home() / ".ray" / "auth_token").is_file()
+
+
+def _check_token(address: str) -> None:
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+    from ray.exceptions import AuthenticationError
+
+    try:
+        GcsClient(address=address)
+    except AuthenticationError:
+        mode = os.environ.get("RAY_AUTH_MODE") or "unset"
+        raise LaunchError(
+            f"RAY_ADDRESS: the Ray cluster at {address} uses token authentication and refused "
+            f"this machine's token (RAY_AUTH_MODE is {mode}); set RAY_AUTH_TOKEN to the "
+            "cluster's token (the head's ~/.ray/auth_token) or RAY_AUTH_TOKEN_PATH to a file "
+            "holding it, and RAY_AUTH_MODE=token"
+        ) from None
 
 
 def checkpoint_config(job: Job) -> Any:
@@ -176,7 +246,7 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     if job.data.loader != "ray_data":
         return job
     total = sum(node.get("CPU", 0.0) for node in nodes)
-    workers, reserve = job.scaling.num_workers, job.data.ray_data.reserved_cpus
+    workers, reserve = job.scaling.max_workers, job.data.ray_data.reserved_cpus
     wanted = workers * job.scaling.cpus_per_worker
     if wanted + reserve <= total + 1e-9:
         return job
@@ -203,7 +273,9 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
 
 def build_trainer(job: Job) -> Any:
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchConfig, TorchTrainer
+    from ray.train.torch import TorchTrainer
+
+    from convoy.launchers.ray_torch import NodeInterfaceTorchConfig
 
     storage_path, _, name = job.run_uri.rpartition("/")
     config: dict[str, Any] = {"job": job.model_dump(mode="json")}
@@ -211,7 +283,7 @@ def build_trainer(job: Job) -> Any:
     if job.data.loader == "ray_data":
         from convoy.data.ray_data import build_ray_data
 
-        plan = build_ray_data(job, job.scaling.num_workers)
+        plan = build_ray_data(job, job.scaling.max_workers)
         config["ray_data"] = plan.worker_info()
         # Only train is split (streaming_split drops rows); each rank gets its eval chunk whole.
         data = {
@@ -222,14 +294,18 @@ def build_trainer(job: Job) -> Any:
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,
-        torch_config=TorchConfig(
+        torch_config=NodeInterfaceTorchConfig(
             backend="nccl" if job.scaling.use_gpu else "gloo",
             timeout_s=int(job.run.collective_timeout_s),
         ),
-        scaling_config=ScalingConfig(
-            num_workers=job.scaling.num_workers,
+        # mypy sees Train V1's ScalingConfig; Ray 2.60 exports V2's, which takes these.
+        scaling_config=ScalingConfig(  # type: ignore[call-arg]
+            # A (min, max) tuple selects Ray Train's elastic policy: it restarts the workers
+            # at the new size from the latest checkpoint when the cluster grows or shrinks.
+            num_workers=job.scaling.num_workers,  # type: ignore[arg-type]
             use_gpu=job.scaling.use_gpu,
             resources_per_worker=worker_resources(job),
+            elastic_resize_monitor_interval_s=job.scaling.elastic_monitor_interval_s,
         ),
         run_config=RunConfig(
             name=name,
@@ -251,6 +327,8 @@ class RayLauncher(Launcher):
         started = ensure_ray(ray, self.cluster)
         try:
             nodes = alive_node_resources(ray)
+            hosts = len(worker_nodes(job, nodes))
+            check_shared_storage(job, hosts, f"this Ray cluster has {hosts} that can host them")
             job = reserve_data_cpus(job, nodes)
             check_cluster_resources(job, nodes)
             storage = write_config(job)
@@ -287,6 +365,7 @@ def _convoy_cause(error: BaseException) -> ConvoyError | None:
 
 def ray_worker_main(config: dict[str, Any]) -> None:
     """Runs on every Ray Train worker: build the context from Ray's, run the engine."""
+    import ray
     import ray.train
     from ray.train.torch import get_device
 
@@ -301,6 +380,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         world_size=context.get_world_size(),
         local_world_size=context.get_local_world_size(),
         device=get_device() if job.scaling.use_gpu else torch.device("cpu"),
+        cpus=ray.get_runtime_context().get_assigned_resources().get("CPU"),
         checkpoint_reporter=functools.partial(report_checkpoint, job),
         resume_from=_ray_latest_checkpoint(),
     )

@@ -19,7 +19,14 @@ from pathlib import Path
 from convoy.config import Job, job_to_yaml, load_job
 from convoy.distributed import WorkerContext, exit_without_teardown, free_port
 from convoy.errors import ConfigError, LaunchError
-from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device
+from convoy.launchers.base import (
+    Launcher,
+    RunResult,
+    check_local_gpus,
+    check_shared_storage,
+    local_device,
+)
+from convoy.network import address_towards, socket_interface_env
 from convoy.outputs import CONFIG_FILE, read_summary, write_config
 
 
@@ -38,34 +45,108 @@ def nodes_range(nnodes: str) -> tuple[int, int]:
 
 
 def procs_per_node(job: Job) -> int:
-    """Workers per node: ``scaling.num_workers`` spread over the (maximum) node count."""
-    _, max_nodes = nodes_range(job.scaling.torchrun.nnodes)
-    if job.scaling.num_workers % max_nodes:
+    """Workers per node.
+
+    Fixed size: ``scaling.num_workers`` spread over the (maximum) node count, or
+    ``scaling.torchrun.nproc_per_node``. Elastic ``num_workers: [MIN, MAX]``: torchrun adds
+    and removes whole nodes, so the bounds must be multiples of ``nproc_per_node`` (default 1).
+    """
+    scaling, opts = job.scaling, job.scaling.torchrun
+    if scaling.elastic:
+        per_node = opts.nproc_per_node or 1
+        if any(bound % per_node for bound in scaling.worker_bounds):
+            raise ConfigError(
+                "scaling.num_workers",
+                scaling.worker_bounds,
+                f"torchrun adds and removes whole nodes of scaling.torchrun.nproc_per_node="
+                f"{per_node} workers, so both bounds must be multiples of {per_node}",
+            )
+        return per_node
+    _, max_nodes = nodes_range(opts.nnodes)
+    workers = scaling.max_workers
+    per_node = opts.nproc_per_node or workers // max_nodes
+    if per_node * max_nodes != workers:
         raise ConfigError(
             "scaling.num_workers",
-            job.scaling.num_workers,
-            f"must be a multiple of the node count {max_nodes} (scaling.torchrun.nnodes)",
+            workers,
+            f"must be the node count {max_nodes} (scaling.torchrun.nnodes) x the workers per "
+            f"node{f' {opts.nproc_per_node} (scaling.torchrun.nproc_per_node)' if opts.nproc_per_node else ''}",
         )
-    return job.scaling.num_workers // max_nodes
+    return per_node
 
 
-def torchrun_command(job: Job, config_path: Path) -> list[str]:
+def nnodes_argument(job: Job) -> str:
+    """torchrun's ``--nnodes``: the configured count, or MIN:MAX nodes of an elastic range."""
+    opts = job.scaling.torchrun
+    if not job.scaling.elastic:
+        return opts.nnodes
+    per_node = procs_per_node(job)
+    low, high = (bound // per_node for bound in job.scaling.worker_bounds)
+    derived = f"{low}:{high}"
+    if "nnodes" in opts.model_fields_set and nodes_range(opts.nnodes) != (low, high):
+        raise ConfigError(
+            "scaling.torchrun.nnodes",
+            opts.nnodes,
+            f"scaling.num_workers {job.scaling.worker_bounds} with {per_node} worker(s) per node "
+            f"means --nnodes {derived}; leave nnodes unset or make them agree",
+        )
+    return derived
+
+
+def rendezvous_endpoint(job: Job) -> str:
+    """host:port of the rendezvous: the configured one, or a free port on loopback."""
+    return job.scaling.torchrun.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+
+
+def node_address(job: Job, endpoint: str) -> str | None:
+    """This node's address as the other nodes see it, for a rendezvous on another host.
+
+    torchrun otherwise advertises the node's host name, which on many machines resolves to
+    a loopback address; None when everything stays on this machine.
+    """
+    if job.scaling.torchrun.local_addr:
+        return job.scaling.torchrun.local_addr
+    host, _, port = endpoint.rpartition(":")
+    if host in ("127.0.0.1", "localhost", "::1") and nodes_range(nnodes_argument(job))[1] == 1:
+        return None
+    try:
+        return address_towards(host, int(port))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "scaling.torchrun.rdzv_endpoint",
+            endpoint,
+            f"expected host:port of the rendezvous that this node can reach ({exc}); or set "
+            "scaling.torchrun.local_addr to this node's address",
+        ) from None
+
+
+def torchrun_command(job: Job, config_path: Path, endpoint: str | None = None) -> list[str]:
     """The torchrun command line for ``job`` (public so tests and docs can show it)."""
     opts = job.scaling.torchrun
+    endpoint = endpoint or rendezvous_endpoint(job)
     command = [
         sys.executable,
         "-m",
         "torch.distributed.run",
-        f"--nnodes={opts.nnodes}",
+        f"--nnodes={nnodes_argument(job)}",
         f"--nproc-per-node={procs_per_node(job)}",
         f"--max-restarts={job.scaling.max_failures}",
         f"--rdzv-backend={opts.rdzv_backend}",
-        f"--rdzv-endpoint={opts.rdzv_endpoint or f'127.0.0.1:{free_port()}'}",
+        f"--rdzv-endpoint={endpoint}",
         f"--rdzv-id={opts.rdzv_id or job.run.name}",
     ]
+    local_addr = node_address(job, endpoint)
+    if local_addr:
+        command.append(f"--local-addr={local_addr}")
     if opts.node_rank is not None:
         command.append(f"--node-rank={opts.node_rank}")
     return [*command, "-m", "convoy.launchers.torchrun", str(config_path)]
+
+
+def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
+    """The workers' environment: gloo / NCCL on the interface of this node's address."""
+    local_addr = node_address(job, endpoint)
+    return {**os.environ, **(socket_interface_env(local_addr) if local_addr else {})}
 
 
 class TorchrunLauncher(Launcher):
@@ -73,12 +154,18 @@ class TorchrunLauncher(Launcher):
 
     def start(self, job: Job) -> RunResult:
         check_local_gpus(job, workers_on_this_node=procs_per_node(job))
+        max_nodes = nodes_range(nnodes_argument(job))[1]
+        check_shared_storage(job, max_nodes, f"--nnodes {nnodes_argument(job)}")
         storage = write_config(job)
+        endpoint = rendezvous_endpoint(job)
         with tempfile.TemporaryDirectory(prefix="convoy-torchrun-") as scratch:
             # Workers read the resolved config from a local file, wherever the run is stored.
             config_path = Path(scratch) / CONFIG_FILE
             config_path.write_text(job_to_yaml(job))
-            returncode = subprocess.call(torchrun_command(job, config_path))
+            returncode = subprocess.call(
+                torchrun_command(job, config_path, endpoint),
+                env=worker_environment(job, endpoint),
+            )
         if returncode != 0:
             raise LaunchError(
                 f"torchrun exited with code {returncode}; the workers' output is above"
