@@ -12,6 +12,7 @@ before any worker starts.
 from __future__ import annotations
 
 import difflib
+import math
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -170,7 +171,14 @@ STRATEGY_NAMES = ("single", "ddp", "fsdp", "fsdp2")
 
 class TorchrunConfig(Section):
     nnodes: str = "1"
-    """Number of nodes, or ``MIN:MAX`` for elastic training."""
+    """Number of nodes, or ``MIN:MAX`` for elastic training (derived from an elastic
+    ``scaling.num_workers`` when that is a range)."""
+    nproc_per_node: Annotated[int, Field(gt=0)] | None = None
+    """Workers per node; default: ``scaling.num_workers`` over the (maximum) node count, or 1
+    with an elastic ``scaling.num_workers``."""
+    local_addr: str | None = None
+    """This node's address as the other nodes reach it (torchrun ``--local-addr``); default:
+    the address this node uses to reach the rendezvous endpoint."""
     node_rank: Annotated[int, Field(ge=0)] | None = None
     rdzv_backend: Literal["c10d", "static"] = "c10d"
     rdzv_endpoint: str | None = None
@@ -185,7 +193,12 @@ class TorchrunConfig(Section):
 
 class ScalingConfig(Section):
     launcher: Literal["local", "torchrun", "ray"] = "ray"
-    num_workers: Annotated[int, Field(gt=0)] = 2
+    num_workers: int | tuple[int, int] = 2
+    """Train workers, or ``[MIN, MAX]`` (also ``"MIN:MAX"``) for elastic training: Ray Train
+    resizes between the bounds as nodes come and go, torchrun gets ``--nnodes MIN:MAX``. At
+    any size the global batch is ``data.batch_size`` and step k sees the same samples."""
+    elastic_monitor_interval_s: Annotated[float, Field(gt=0)] = 60.0
+    """Elastic Ray runs: how often Ray Train checks whether the cluster fits another size."""
     use_gpu: bool = False
     cpus_per_worker: Annotated[float, Field(gt=0)] = 1.0
     """CPUs Ray reserves per train worker; fractional values leave CPUs for Ray Data."""
@@ -197,6 +210,48 @@ class ScalingConfig(Section):
     max_failures: Annotated[int, Field(ge=0)] = 0
     """Restarts after a worker failure (Ray FailureConfig / torchrun --max-restarts)."""
     torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
+
+    @field_validator("num_workers", mode="before")
+    @classmethod
+    def _workers_or_range(cls, value: Any) -> Any:
+        if isinstance(value, str) and ":" in value:
+            low, _, high = value.partition(":")
+            value = (low.strip(), high.strip())
+        if isinstance(value, (list, tuple)):
+            try:
+                first, last = (int(v) for v in value)
+            except (TypeError, ValueError):
+                raise ValueError("expected a count N or a range [MIN, MAX]") from None
+            if not 0 < first <= last:
+                raise ValueError(f"a range [MIN, MAX] needs 0 < MIN <= MAX, got [{first}, {last}]")
+            return (first, last) if first < last else first
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError("expected a count N or a range [MIN, MAX]")
+        try:
+            count = int(value)
+        except ValueError:
+            raise ValueError("expected a count N or a range [MIN, MAX]") from None
+        if count <= 0:
+            raise ValueError("input should be greater than 0")
+        return count
+
+    @property
+    def worker_bounds(self) -> list[int]:
+        """``[min, max]`` workers (equal for a fixed count)."""
+        return [self.min_workers, self.max_workers]
+
+    @property
+    def min_workers(self) -> int:
+        return self.num_workers[0] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def max_workers(self) -> int:
+        return self.num_workers[1] if isinstance(self.num_workers, tuple) else self.num_workers
+
+    @property
+    def elastic(self) -> bool:
+        """True when ``num_workers`` is a range: the world size may change during the run."""
+        return isinstance(self.num_workers, tuple)
 
 
 class RunConfig(Section):
@@ -217,6 +272,9 @@ class RunConfig(Section):
     """Timeout of one collective operation (the process group's timeout)."""
     hang_timeout_s: Annotated[float, Field(gt=0)] | None = None
     """Fail the attempt, naming the stuck rank(s), when a rank makes no progress this long."""
+    shared_storage: bool = False
+    """Say that a local ``storage_dir`` is a filesystem every node mounts at the same path
+    (NFS, EFS, a PVC); without it, runs whose workers span several nodes refuse local paths."""
 
     @field_validator("storage_dir")
     @classmethod
@@ -272,6 +330,81 @@ class FaultConfig(Section):
     """Fire on the first this many attempts of the run (restarts included); 0: every attempt."""
 
 
+class K8sConfig(Section):
+    """How ``convoy k8s`` runs the job on Kubernetes: a KubeRay ``RayJob`` (default), a
+    long-lived ``RayCluster``, or a Kubeflow ``PyTorchJob``. ``convoy train`` ignores it;
+    ``convoy.k8s.validate`` checks it (with the rest of the job) before anything is sent."""
+
+    kind: Literal["rayjob", "raycluster", "pytorchjob"] = "rayjob"
+    """What ``convoy k8s render`` writes (``--kind`` overrides it)."""
+    image: str | None = None
+    """Image with Convoy and Ray 2.60.0 installed, pinned by tag or digest
+    (``registry.example.com/convoy:0.1.0``); untagged and ``:latest`` images are refused."""
+    image_pull_policy: Literal["IfNotPresent", "Always", "Never"] = "IfNotPresent"
+    image_pull_secrets: list[str] = Field(default_factory=list)
+    namespace: str = "default"
+    name: str | None = None
+    """Name of the objects (DNS-1035; a RayJob at most 47 characters); default: from
+    ``run.name``. It is also the run id: the ``convoy.io/run-id`` label and the Ray job id."""
+    service_account: str | None = None
+    """Service account of every pod (IRSA / workload identity for S3, for example)."""
+    workers_per_pod: Annotated[int, Field(gt=0)] = 1
+    """Train workers per worker pod (e.g. 8 on an 8-GPU node)."""
+    worker_cpu: Annotated[float, Field(gt=0)] | None = None
+    """CPUs of one worker pod (request = limit); default: scaling.cpus_per_worker x
+    workers_per_pod."""
+    worker_memory: str = "8Gi"
+    """Memory of one worker pod (request = limit), ``/dev/shm`` included."""
+    worker_gpus: Annotated[int, Field(ge=0)] | None = None
+    """GPUs of one worker pod; default with scaling.use_gpu: GPUs per worker x workers_per_pod."""
+    head_cpu: Annotated[float, Field(gt=0)] = 2.0
+    """CPUs of the Ray head pod; the head takes no train workers (``num-cpus: 0``)."""
+    head_memory: str = "4Gi"
+    gpu_type: str | None = None
+    """The GPU model worker pods must land on, matched against ``gpu_node_label``
+    (e.g. ``NVIDIA-H100-80GB-HBM3``); required with scaling.use_gpu."""
+    gpu_node_label: str = "nvidia.com/gpu.product"
+    """The node label that names the GPU model (NVIDIA GPU feature discovery sets this one)."""
+    gpu_resource: str = "nvidia.com/gpu"
+    extra_resources: dict[str, str] = Field(default_factory=dict)
+    """More limits per worker pod, e.g. ``vpc.amazonaws.com/efa: "4"``."""
+    node_selector: dict[str, str] = Field(default_factory=dict)
+    """Node labels every worker pod needs (e.g. ``node.kubernetes.io/instance-type``)."""
+    tolerations: list[dict[str, Any]] = Field(default_factory=list)
+    """Pod tolerations; GPU pods also get ``{key: <gpu_resource>, operator: Exists}``."""
+    pvc: str | None = None
+    """A ReadWriteMany PVC that every pod mounts at ``pvc_mount_path``; the run is stored on it
+    (``run.storage_dir`` becomes ``<pvc_mount_path>/<storage_dir>``). Without it,
+    ``run.storage_dir`` must be ``s3://``: the pods share no other filesystem."""
+    pvc_mount_path: str = "/mnt/shared"
+    shm_size: str = "2Gi"
+    """Size of ``/dev/shm`` (a memory ``emptyDir``: NCCL and DataLoader workers use it)."""
+    env: dict[str, str] = Field(default_factory=dict)
+    """Environment of every Ray / PyTorch container (e.g. ``AWS_ENDPOINT_URL``)."""
+    env_secrets: list[str] = Field(default_factory=list)
+    """Secrets whose keys become environment variables in every pod (S3 credentials)."""
+    labels: dict[str, str] = Field(default_factory=dict)
+    """More labels on every object (e.g. ``kueue.x-k8s.io/queue-name``)."""
+    recipe_in: Literal["configmap", "inline"] = "configmap"
+    """How the resolved recipe reaches the pods: a ConfigMap mounted at /etc/convoy, or inline
+    in the entrypoint (no extra object; limited by the entrypoint's size)."""
+    active_deadline_s: Annotated[int, Field(gt=0)] = 86_400
+    """Fail the job after this long, whatever it is doing (never retried)."""
+    pre_running_deadline_s: Annotated[int, Field(gt=0)] = 1_200
+    """Fail the job if it is not Running after this long (image pulls, unschedulable GPUs)."""
+    ttl_after_finished_s: Annotated[int, Field(ge=0)] = 3_600
+    """Delete the Ray cluster this long after the job ends (its pods' logs go with it)."""
+    backoff_limit: Annotated[int, Field(ge=0)] = 0
+    """Retries of the whole job, each on a new Ray cluster (resuming from the checkpoint)."""
+    autoscaling: bool = False
+    """Opt in to the KubeRay autoscaler (v2) between the min and max worker pods; training
+    defaults to a fixed-size worker group."""
+    max_worker_pods: Annotated[int, Field(gt=0)] | None = None
+    """With autoscaling: the cap on worker pods (required)."""
+    ray_version: str = "2.60.0"
+    """The Ray in the image; token auth needs 2.52 or later."""
+
+
 class Job(Section):
     """A whole training job."""
 
@@ -285,6 +418,7 @@ class Job(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
+    k8s: K8sConfig = Field(default_factory=K8sConfig)
 
     @model_validator(mode="after")
     def _check_across_sections(self) -> Job:
@@ -308,16 +442,36 @@ class Job(Section):
         return Path(self.run_uri)
 
 
-def check_job(job: Job) -> None:
-    """Checks that need more than one section. Raises ``ConfigError``."""
-    workers, accum = job.scaling.num_workers, job.optim.grad_accum_steps
-    if job.data.batch_size % (workers * accum):
+def check_batch_split(job: Job) -> None:
+    """The global batch must split evenly over workers x accumulation at every world size the
+    run may have (each size of an elastic range), so a step's batch never changes."""
+    sizes = range(job.scaling.min_workers, job.scaling.max_workers + 1)
+    accum, batch = job.optim.grad_accum_steps, job.data.batch_size
+    uneven = [n for n in sizes if batch % (n * accum)]
+    if not uneven:
+        return
+    if not job.scaling.elastic:
         raise ConfigError(
             "data.batch_size",
-            job.data.batch_size,
+            batch,
             f"the global batch must be divisible by scaling.num_workers x "
-            f"optim.grad_accum_steps = {workers} x {accum} = {workers * accum}",
+            f"optim.grad_accum_steps = {uneven[0]} x {accum} = {uneven[0] * accum}",
         )
+    fits = math.lcm(*(n * accum for n in sizes))
+    raise ConfigError(
+        "data.batch_size",
+        batch,
+        f"an elastic run keeps its global batch at every world size in scaling.num_workers "
+        f"{job.scaling.worker_bounds}, but {batch} does not split over "
+        f"{', '.join(map(str, uneven))} worker(s) x {accum} accumulation step(s); use a "
+        f"multiple of {fits}, or narrow the range",
+    )
+
+
+def check_job(job: Job) -> None:
+    """Checks that need more than one section. Raises ``ConfigError``."""
+    workers = job.scaling.max_workers
+    check_batch_split(job)
     if job.precision == "fp16" and not job.scaling.use_gpu:
         raise ConfigError(
             "precision",
@@ -346,6 +500,13 @@ def check_job(job: Job) -> None:
             f"with checkpoint.keep_best {job.checkpoint.keep_best} under scaling.launcher 'ray', "
             "Ray Train keeps the best K plus only the latest checkpoint; set keep_latest: 1 "
             "(or keep_best: 0)",
+        )
+    if job.data.loader == "ray_data" and job.scaling.elastic:
+        raise ConfigError(
+            "scaling.num_workers",
+            job.scaling.worker_bounds,
+            "data.loader ray_data cuts the eval splits per rank when the run starts, so it "
+            "needs a fixed worker count; use data.loader: torch for an elastic run",
         )
     if job.data.loader == "ray_data" and job.scaling.launcher != "ray":
         raise ConfigError(
