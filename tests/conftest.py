@@ -54,8 +54,12 @@ def ray_session(s3):
     for key, value in EMBEDDED_RAY_ENV.items():
         os.environ.setdefault(key, value)
     if not ray.is_initialized():
+        # As the launcher's embedded Ray: the dashboard (state API) on loopback.
         ray.init(
-            num_cpus=2, include_dashboard=False, logging_config=ray.LoggingConfig(log_level="ERROR")
+            num_cpus=2,
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            logging_config=ray.LoggingConfig(log_level="ERROR"),
         )
     yield ray
     ray.shutdown()
