@@ -14,6 +14,7 @@ import functools
 import logging
 import math
 import os
+import re
 import socket
 from dataclasses import dataclass
 from pathlib import Path
@@ -332,14 +333,14 @@ class RayLauncher(Launcher):
             job = reserve_data_cpus(job, nodes)
             check_cluster_resources(job, nodes)
             storage = write_config(job)
-            _fit(build_trainer(job))
+            _fit(build_trainer(job), job)
         finally:
             if started:
                 ray.shutdown()
         return RunResult(storage.uri, read_summary(storage.uri))
 
 
-def _fit(trainer: Any) -> Any:
+def _fit(trainer: Any, job: Job) -> Any:
     from ray.train import TrainingFailedError
 
     try:
@@ -350,7 +351,44 @@ def _fit(trainer: Any) -> Any:
             cause = _convoy_cause(failure)
             if cause is not None:
                 raise cause from None
+        lost = lost_nodes(failures)
+        if lost:
+            raise LaunchError(
+                f"Ray Train run failed: lost node {', '.join(lost)} (its workers died with it); "
+                f"{resume_hint(job)}"
+            ) from None
         raise LaunchError(f"Ray Train run failed: {exc}") from None
+
+
+def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
+    """The IPs of nodes whose death killed workers (Ray says so in the actor's error)."""
+    lost: list[str] = []
+    for failure in failures.values():
+        text = str(failure)
+        ip = re.search(r"\bip: (\S+)", text)
+        died_with_node = re.search(r"node (has )?died|node .* (is )?dead|raylet.*died", text, re.I)
+        if ip and died_with_node and ip.group(1) not in lost:
+            lost.append(ip.group(1))
+    return lost
+
+
+def resume_hint(job: Job) -> str:
+    """What to do after a failed run: which checkpoint resumes, and the elastic option."""
+    from convoy.checkpoint import committed_checkpoints
+
+    try:
+        saved = committed_checkpoints(job.run_uri)
+    except Exception:  # unreadable storage: say what we can
+        saved = []
+    where = (
+        f"the committed checkpoint {saved[-1]} resumes when you run {job.run.name!r} again"
+        if saved
+        else "no checkpoint was committed (set checkpoint.every_steps to save during a run)"
+    )
+    return (
+        f"{where}; to continue on the nodes left instead, set scaling.max_failures and an "
+        "elastic scaling.num_workers [MIN, MAX]"
+    )
 
 
 def _convoy_cause(error: BaseException) -> ConvoyError | None:
