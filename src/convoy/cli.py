@@ -5,6 +5,7 @@
     convoy export RUN_DIR [--checkpoint step_N] --format safetensors
     convoy evaluate EXPORT_DIR
     convoy list
+    convoy k8s render|submit|status|logs|delete|gc ...
 
 Errors caused by input (a bad config, a missing dataset, an impossible resource request) are
 printed as one paragraph without a traceback, with exit code 2.
@@ -114,6 +115,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="List the names each registry accepts.",
     )
     _add_data_commands(commands)
+    _add_k8s_commands(commands)
     return parser
 
 
@@ -301,6 +303,188 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
+K8S_EXAMPLES = """\
+examples:
+  convoy k8s render recipes/default.yaml -o k8s.image=registry.example.com/convoy:0.1.0 \\
+      -o k8s.pvc=convoy-runs > rayjob.yaml
+  convoy k8s render recipes/default.yaml --kind pytorchjob -o k8s.image=... -o k8s.pvc=...
+  convoy k8s validate rayjob.yaml
+  convoy k8s submit rayjob.yaml --watch
+  convoy k8s status digits-vit --watch
+  convoy k8s logs digits-vit
+  convoy k8s delete digits-vit
+  convoy k8s gc --dry-run
+"""
+K8S_KINDS = ("rayjob", "raycluster", "pytorchjob")
+
+
+def _add_k8s_commands(commands: Any) -> None:
+    k8s = commands.add_parser(
+        "k8s",
+        help="run a recipe on Kubernetes (KubeRay RayJob / RayCluster, Kubeflow PyTorchJob)",
+        description="Render a recipe as Kubernetes objects, check them against the KubeRay "
+        "v1.7.0 CRDs (schema, CEL rules, the operator's own checks) and the pods' resources, "
+        "submit them, follow their status, read logs, delete, and clean up what runs left "
+        "behind. Settings live in the recipe's k8s section (see convoy.config.K8sConfig).",
+        epilog=K8S_EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = k8s.add_subparsers(dest="k8s_command", metavar="ACTION", required=True)
+    render = actions.add_parser(
+        "render",
+        help="print the manifests for a recipe (YAML)",
+        description="Write the recipe ConfigMap and the workload that runs `convoy train` on "
+        "the resolved recipe. Nothing is written unless every check passes.",
+    )
+    _add_k8s_source(render)
+    render.add_argument("--out", metavar="FILE", help="write to FILE instead of stdout")
+    validate = actions.add_parser(
+        "validate",
+        help="check a manifest file (rendered or edited) without a cluster",
+        description="Check every document of a YAML file against the shipped CRD schemas, "
+        "their CEL rules, the KubeRay operator's reconcile-time checks and Convoy's pod policy.",
+    )
+    validate.add_argument("file", help="a YAML file of manifests")
+    submit = actions.add_parser(
+        "submit",
+        help="validate and create a recipe's (or a manifest file's) objects",
+        description="Render (or read) the manifests, validate them, create the ConfigMap and "
+        "the workload. Exits 0 once created; with --watch, follows it to the end and exits 0 "
+        "on success, 1 on failure.",
+    )
+    _add_k8s_source(submit)
+    submit.add_argument("--dry-run", action="store_true", help="server-side dry run only")
+    submit.add_argument("--watch", action="store_true", help="follow the status to the end")
+    _add_k8s_cluster_args(submit, namespace=False)
+    for action, text in [
+        ("status", "show a workload's state (jobDeploymentStatus, reason, job status)"),
+        ("logs", "print the logs of a RayJob's submitter (the driver's output)"),
+        ("delete", "delete a workload and its recipe ConfigMap"),
+    ]:
+        sub = actions.add_parser(action, help=text, description=text[0].upper() + text[1:] + ".")
+        sub.add_argument("name", help="the workload's name (the run id)")
+        sub.add_argument("--kind", choices=K8S_KINDS, default="rayjob")
+        _add_k8s_cluster_args(sub)
+        if action == "status":
+            sub.add_argument("--watch", action="store_true", help="follow until it ends")
+            sub.add_argument("--timeout", type=float, help="give up watching after SECONDS")
+        if action == "logs":
+            sub.add_argument("--tail", type=int, help="only the last N lines")
+    gc = actions.add_parser(
+        "gc",
+        help="delete what Convoy's runs left behind",
+        description="Delete Convoy-labelled objects left behind: RayJobs and PyTorchJobs "
+        "finished longer ago than their TTL, recipe ConfigMaps whose run is gone, and "
+        "RayClusters whose RayJob is gone. RayClusters rendered on purpose are kept.",
+    )
+    _add_k8s_cluster_args(gc)
+    gc.add_argument("--dry-run", action="store_true", help="only list what would be deleted")
+    gc.add_argument(
+        "--grace", type=float, default=600.0, help="seconds an orphan must be old (default 600)"
+    )
+
+
+def _add_k8s_source(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "recipe", nargs="?", help="YAML recipe, or (submit) a file of rendered manifests"
+    )
+    _add_override_arg(parser, "k8s.image=registry.example.com/convoy:0.1.0")
+    parser.add_argument(
+        "--kind", choices=K8S_KINDS, help="what to render (default: k8s.kind, rayjob)"
+    )
+
+
+def _add_k8s_cluster_args(parser: argparse.ArgumentParser, namespace: bool = True) -> None:
+    if namespace:
+        parser.add_argument("-n", "--namespace", default="default")
+    parser.add_argument("--kubeconfig", help="default: $KUBECONFIG or ~/.kube/config")
+    parser.add_argument("--context", help="a context of the kubeconfig")
+
+
+def _k8s_manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """Render the recipe, or read a file of manifests (anything with an apiVersion)."""
+    import yaml
+
+    from convoy.k8s.render import render
+
+    if args.recipe and not args.override and not args.kind:
+        try:
+            with open(args.recipe) as handle:
+                documents = [d for d in yaml.safe_load_all(handle) if d]
+        except (OSError, yaml.YAMLError):
+            documents = []
+        if documents and all(isinstance(d, dict) and "apiVersion" in d for d in documents):
+            return documents
+    return render(load_job(args.recipe, args.override), args.kind)
+
+
+def cmd_k8s(args: argparse.Namespace) -> int:
+    from convoy.k8s import control
+    from convoy.k8s.render import to_yaml
+
+    if args.k8s_command == "render":
+        text = to_yaml(_k8s_manifests(args))
+        if args.out:
+            with open(args.out, "w") as handle:
+                handle.write(text)
+        else:
+            print(text, end="")
+        return 0
+    if args.k8s_command == "validate":
+        import yaml
+
+        from convoy.k8s.validate import check_manifests
+
+        with open(args.file) as handle:
+            manifests = [d for d in yaml.safe_load_all(handle) if d]
+        check_manifests(manifests)
+        print(f"{args.file}: {len(manifests)} manifest(s) valid")
+        return 0
+    from convoy.k8s.client import BY_KIND, KubeApi
+
+    if args.k8s_command == "submit":
+        manifests = _k8s_manifests(args)
+        api = KubeApi.connect(args.kubeconfig, args.context)
+        created = control.submit(api, manifests, dry_run=args.dry_run)
+        meta = created["metadata"]
+        verb = "would create" if args.dry_run else "created"
+        print(f"{verb} {created['kind']} {meta['namespace']}/{meta['name']}")
+        if not args.watch or args.dry_run:
+            return 0
+        resource, namespace, name = BY_KIND[created["kind"]], meta["namespace"], meta["name"]
+        final = control.follow(api, resource, namespace, name, _print_state)
+        return 0 if final.succeeded else 1
+    api = KubeApi.connect(args.kubeconfig, args.context)
+    if args.k8s_command == "gc":
+        found = control.gc(api, args.namespace, grace_s=args.grace, dry_run=args.dry_run)
+        for item in found:
+            print(("would delete " if args.dry_run else "deleted ") + item.line())
+        if not found:
+            print(f"nothing to collect in namespace {args.namespace}")
+        return 0
+    resource = BY_KIND[
+        {"rayjob": "RayJob", "raycluster": "RayCluster"}.get(args.kind, "PyTorchJob")
+    ]
+    if args.k8s_command == "status":
+        if not args.watch:
+            _print_state(control.state(api, resource, args.namespace, args.name))
+            return 0
+        final = control.follow(
+            api, resource, args.namespace, args.name, _print_state, timeout_s=args.timeout
+        )
+        return 0 if final.succeeded else 1
+    if args.k8s_command == "logs":
+        print(control.logs(api, resource, args.namespace, args.name, args.tail), end="")
+        return 0
+    for line in control.delete(api, resource, args.namespace, args.name):
+        print(f"deleted {line}")
+    return 0
+
+
+def _print_state(state: Any) -> None:
+    print("\n".join(state.lines()), flush=True)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     # As `python -m` does: the user's own modules (model.name / data.name / task.name given as
@@ -314,6 +498,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "export": cmd_export,
         "evaluate": cmd_evaluate,
         "data": cmd_data,
+        "k8s": cmd_k8s,
     }
     handler = cmd_config_show if args.command == "config" else handlers[args.command]
     try:
