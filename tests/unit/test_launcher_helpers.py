@@ -270,3 +270,20 @@ def test_ray_address_with_nothing_there_fails_at_once(address: str) -> None:
 
     with pytest.raises(LaunchError, match=r"^RAY_ADDRESS: "):
         check_reachable(address.format(port=free_port()))
+
+
+def test_lost_nodes_are_read_from_ray_worker_failures() -> None:
+    from convoy.launchers.ray import lost_nodes
+
+    health = RuntimeError(
+        "A worker health check failed.\nWorker info: Worker(\n  metadata=ActorMetadata(\n"
+        "    hostname='vm',\n    node_ip='10.213.2.3',\n    pid=5981,\n  ),\n)\n"
+        "The actor 6f09 is unavailable: The actor is temporarily unavailable: RpcError"
+    )
+    died = RuntimeError(
+        "The actor died unexpectedly before finishing this task.\n\tclass_name: RayTrainWorker"
+        "\n\tip: 10.213.2.4\nThe actor is dead because its node has died."
+    )
+    app = RuntimeError("Read error [10.213.2.3]:31971: Connection reset by peer")
+    assert lost_nodes({0: app, 1: health, 2: died}) == ["10.213.2.3", "10.213.2.4"]
+    assert lost_nodes({0: app}) == []

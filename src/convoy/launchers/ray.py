@@ -354,21 +354,31 @@ def _fit(trainer: Any, job: Job) -> Any:
         lost = lost_nodes(failures)
         if lost:
             raise LaunchError(
-                f"Ray Train run failed: lost node {', '.join(lost)} (its workers died with it); "
+                f"Ray Train run failed: lost node {', '.join(lost)} (its workers stopped answering: "
+                f"the node or its raylet died); "
                 f"{resume_hint(job)}"
             ) from None
         raise LaunchError(f"Ray Train run failed: {exc}") from None
 
 
 def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
-    """The IPs of nodes whose death killed workers (Ray says so in the actor's error)."""
+    """The IPs of nodes whose workers stopped answering or died with their node.
+
+    Ray reports a worker on a dead node as a failed health check ("actor is unavailable",
+    with the worker's ``node_ip``) or as an actor that died with its node (``ip: ...``);
+    an exception raised by the training code itself is not a lost node.
+    """
     lost: list[str] = []
     for failure in failures.values():
         text = str(failure)
-        ip = re.search(r"\bip: (\S+)", text)
-        died_with_node = re.search(r"node (has )?died|node .* (is )?dead|raylet.*died", text, re.I)
-        if ip and died_with_node and ip.group(1) not in lost:
-            lost.append(ip.group(1))
+        unreachable = re.search(
+            r"health check failed|actor .* unavailable|node (has )?died|raylet .*died", text, re.I
+        )
+        ip = re.search(r"node_ip='([^']+)'|\bip: (\S+)", text)
+        if unreachable and ip:
+            address = ip.group(1) or ip.group(2)
+            if address not in lost:
+                lost.append(address)
     return lost
 
 
