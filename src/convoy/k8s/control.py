@@ -180,7 +180,20 @@ def logs(
             f"operator starts it once the Ray cluster is up; see convoy k8s status {name}"
         )
     newest = max(pods, key=lambda p: p["metadata"].get("creationTimestamp", ""))
-    return api.pod_logs(namespace, newest["metadata"]["name"], tail_lines)
+    pod = newest["metadata"]["name"]
+    status = newest.get("status") or {}
+    if status.get("phase", "Pending") == "Pending":
+        waiting = [
+            c["state"]["waiting"].get("reason", "")
+            for c in status.get("containerStatuses") or []
+            if (c.get("state") or {}).get("waiting")
+        ]
+        why = f" ({', '.join(waiting)})" if any(waiting) else ""
+        raise K8sError(
+            f"no logs from pod {namespace}/{pod} yet: it is Pending{why}, not started; "
+            f"see kubectl describe pod {pod} -n {namespace}"
+        )
+    return api.pod_logs(namespace, pod, tail_lines)
 
 
 def delete(api: Api, resource: Resource, namespace: str, name: str) -> list[str]:
@@ -229,18 +242,26 @@ def leftovers(api: Api, namespace: str, now: datetime, grace_s: float = 600) -> 
             why = _expired(obj, now)
             if why:
                 out.append(Leftover(resource, obj["metadata"]["name"], why))
-    gone = {item.name for item in out}
-    live_runs = {
-        _run_id(obj) for kind in found for obj in found[kind] if obj["metadata"]["name"] not in gone
+    expired = {(item.resource.kind, item.name) for item in out}
+    job_runs = {
+        _run_id(obj)
+        for obj in found["RayJob"]
+        if ("RayJob", obj["metadata"]["name"]) not in expired
     }
-    job_runs = {_run_id(obj) for obj in found["RayJob"] if obj["metadata"]["name"] not in gone}
-    for obj in config_maps:
-        if _run_id(obj) not in live_runs and _age_s(obj, now) > grace_s:
-            out.append(Leftover(CONFIGMAP, obj["metadata"]["name"], "its run has no workload left"))
     for obj in found["RayCluster"]:
         made_by_job = obj["metadata"].get("labels", {}).get(naming.KIND) == "rayjob"
         if made_by_job and _run_id(obj) not in job_runs and _age_s(obj, now) > grace_s:
             out.append(Leftover(RAYCLUSTER, obj["metadata"]["name"], "its RayJob is gone"))
+    gone = {(item.resource.kind, item.name) for item in out}
+    live_runs = {
+        _run_id(obj)
+        for kind, objs in found.items()
+        for obj in objs
+        if (kind, obj["metadata"]["name"]) not in gone
+    }
+    for obj in config_maps:
+        if _run_id(obj) not in live_runs and _age_s(obj, now) > grace_s:
+            out.append(Leftover(CONFIGMAP, obj["metadata"]["name"], "its run has no workload left"))
     return out
 
 
