@@ -165,6 +165,15 @@ def worker_resources(job: Job) -> dict[str, str]:
     return {**amounts, **k8s.extra_resources}
 
 
+def head_shm(job: Job) -> str:
+    """The head runs no train workers: its /dev/shm is ``k8s.shm_size`` or, if that is more,
+    half the head's memory (the pod's limit counts it)."""
+    half = parse_quantity(job.k8s.head_memory) / 2
+    if parse_quantity(job.k8s.shm_size) <= half:
+        return job.k8s.shm_size
+    return f"{int(half // 2**20)}Mi"
+
+
 def head_resources(job: Job) -> dict[str, str]:
     return {"cpu": _quantity(job.k8s.head_cpu), "memory": job.k8s.head_memory}
 
@@ -181,6 +190,8 @@ class PodParts:
     gpu: bool = False
     shared: bool = True
     """Mount the PVC and /dev/shm (not needed by the submitter)."""
+    shm_size: str = ""
+    """Size of /dev/shm (default ``k8s.shm_size``)."""
     extra_labels: dict[str, str] = field(default_factory=dict)
 
 
@@ -248,7 +259,10 @@ def _volumes(job: Job, name: str, parts: PodParts) -> list[dict[str, Any]]:
         # /tmp (Ray's session directory, the inline recipe) as an emptyDir, as KubeRay's
         # samples mount /tmp/ray: the container's own layer stays clean and bounded.
         volumes += [
-            {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": job.k8s.shm_size}},
+            {
+                "name": "dshm",
+                "emptyDir": {"medium": "Memory", "sizeLimit": parts.shm_size or job.k8s.shm_size},
+            },
             {"name": "tmp", "emptyDir": {}},
         ]
         if job.k8s.pvc:
@@ -267,7 +281,7 @@ def _volumes(job: Job, name: str, parts: PodParts) -> list[dict[str, Any]]:
 def ray_cluster_spec(job: Job, name: str, kind: str) -> dict[str, Any]:
     k8s = job.k8s
     low, high = pod_range(job)
-    head = PodParts("ray-head", head_resources(job), recipe=True)
+    head = PodParts("ray-head", head_resources(job), recipe=True, shm_size=head_shm(job))
     worker = PodParts("ray-worker", worker_resources(job), gpu=bool(worker_gpus(job)))
     group: dict[str, Any] = {
         "groupName": "workers",
