@@ -24,7 +24,15 @@ def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
 def test_command_set_is_pinned() -> None:
     """The CLI surface grows only on purpose."""
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
-    assert sorted(subparsers.choices) == ["config", "data", "evaluate", "export", "list", "train"]  # type: ignore[attr-defined]
+    assert sorted(subparsers.choices) == [
+        "config",
+        "data",
+        "evaluate",
+        "export",
+        "k8s",
+        "list",
+        "train",
+    ]  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
