@@ -363,3 +363,13 @@ def test_gc_rule():
 def test_api_errors_become_one_line_with_what_to_do(status, body, verb, says):
     error = explain(status, body, verb, RAYJOB, "default", "x")
     assert says in str(error) and "\n" not in str(error)
+
+
+def test_validation_failed_says_delete_and_resubmit():
+    state = rayjob_state(rayjob({"jobDeploymentStatus": "ValidationFailed", "message": "bad spec"}))
+    assert state.terminal and not state.succeeded
+    assert state.lines() == [
+        "RayJob digits-vit: ValidationFailed: bad spec",
+        "  the operator never retries this: fix the manifest (convoy k8s validate FILE), then "
+        "convoy k8s delete digits-vit and submit again",
+    ]

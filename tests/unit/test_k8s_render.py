@@ -296,3 +296,36 @@ def test_import_convoy_and_render_need_no_kubernetes_packages():
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_a_missing_extra_names_it(monkeypatch):
+    import builtins
+
+    from convoy.k8s import K8sError, require
+
+    real_import = builtins.__import__
+
+    def no_kubernetes(name, *args, **kwargs):
+        if name.startswith("kubernetes"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_kubernetes)
+    monkeypatch.delitem(sys.modules, "kubernetes", raising=False)
+    with pytest.raises(K8sError, match=r"pip install 'convoy\[k8s\]'"):
+        require("kubernetes")
+
+
+CRD_SHA256 = {
+    # Byte-identical to KubeRay v1.7.0 helm-chart/kuberay-operator/crds/.
+    "ray.io_rayclusters.yaml": "c44704442eef0c6721ad40c1d66782c8bd3fdab9d3344306a5820910a679baa1",
+    "ray.io_rayjobs.yaml": "01a5cf3b17c1769fda44af7e82debcd98722f0c27b9ab84d084681c6649121f5",
+}
+
+
+def test_the_shipped_crds_are_kuberays_own():
+    import hashlib
+
+    crds = REPO / "src" / "convoy" / "k8s" / "crds"
+    found = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in crds.glob("*.yaml")}
+    assert found == CRD_SHA256

@@ -65,6 +65,12 @@ def rayjob_state(obj: dict[str, Any]) -> WorkloadState:
     details: tuple[str, ...] = ()
     if phase in ("New", "Initializing", "Waiting"):
         details = _conditions((status.get("rayClusterStatus") or {}).get("conditions", []))
+    if phase == "ValidationFailed":
+        name = obj["metadata"]["name"]
+        details = (
+            "the operator never retries this: fix the manifest (convoy k8s validate FILE), "
+            f"then convoy k8s delete {name} and submit again",
+        )
     return WorkloadState(
         kind="RayJob",
         name=obj["metadata"]["name"],
