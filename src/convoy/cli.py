@@ -423,7 +423,11 @@ def cmd_k8s(args: argparse.Namespace) -> int:
     from convoy.k8s.render import to_yaml
 
     if args.k8s_command == "render":
-        text = to_yaml(_k8s_manifests(args))
+        from convoy.k8s.validate import check_manifests
+
+        manifests = _k8s_manifests(args)
+        check_manifests(manifests)
+        text = to_yaml(manifests)
         if args.out:
             with open(args.out, "w") as handle:
                 handle.write(text)
