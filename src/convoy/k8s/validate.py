@@ -193,7 +193,7 @@ def _check_scaling(job: Job, kind: str, name: str) -> None:
     from convoy.k8s.render import pod_range
 
     k8s, scaling = job.k8s, job.scaling
-    low, high = pod_range(job)
+    _, high = pod_range(job)
     if kind == "pytorchjob":
         if k8s.autoscaling:
             raise ConfigError(
@@ -231,7 +231,6 @@ def _check_scaling(job: Job, kind: str, name: str) -> None:
             k8s.ray_version,
             "Ray token auth (always on) needs Ray 2.52.0 or later; Convoy uses 2.60.0",
         )
-    del low  # the low bound matters for autoscaling only, where render uses it
 
 
 def _version(text: str) -> tuple[int, ...]:
