@@ -280,6 +280,15 @@ def test_ray_start_commands_carry_gpus_and_the_jobs_env():
     assert plan.env == {"NCCL_DEBUG": "INFO", "RAY_AUTH_MODE": "token"}
 
 
+def test_ray_start_commands_count_any_vendors_gpus_as_kuberay_does():
+    # KubeRay reads num-gpus from any limit ending in "gpu", not only nvidia.com/gpu.
+    plan = ray_start_commands(
+        rendered("scaling.use_gpu=true", "k8s.gpu_type=MI300X", "k8s.gpu_resource=amd.com/gpu"),
+        "head",
+    )
+    assert "--num-gpus=1" in plan.workers[0] and "--num-gpus=0" in plan.head
+
+
 @pytest.mark.parametrize(
     ("text", "value"),
     [("500m", 0.5), ("2", 2.0), ("8Gi", 8 * 2**30), ("1.5G", 1.5e9), ("1e3", 1000.0)],

@@ -476,8 +476,11 @@ def _start_flags(group: dict[str, Any]) -> list[str]:
     limits = group["template"]["spec"]["containers"][0].get("resources", {}).get("limits", {})
     if "num-cpus" not in params and "cpu" in limits:
         params["num-cpus"] = str(math.ceil(parse_quantity(limits["cpu"])))
-    if "num-gpus" not in params and "nvidia.com/gpu" in limits:
-        params["num-gpus"] = str(limits["nvidia.com/gpu"])
+    # KubeRay takes the first non-zero limit whose name ends in "gpu" (nvidia.com/gpu,
+    # amd.com/gpu, ...), not only NVIDIA's: k8s.gpu_resource may name another vendor's.
+    gpus = [v for k, v in limits.items() if k.endswith("gpu") and parse_quantity(v)]
+    if "num-gpus" not in params and gpus:
+        params["num-gpus"] = str(math.ceil(parse_quantity(gpus[0])))
     if "memory" not in params and "memory" in limits:
         params["memory"] = str(int(parse_quantity(limits["memory"])))
     return [f"--{key}={value}" for key, value in sorted(params.items())]
