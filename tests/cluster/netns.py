@@ -56,6 +56,7 @@ LINK_PATTERN = re.compile(r"^cvy(\d+)[bv]\d+$")  # bridges and the root ends of 
 TMP_PATTERN = re.compile(r"^cvy(\d+)-\d+h\d+$")  # /tmp/cvy<pid>-<serial>h<i>
 SUBNET_PREFIX = "10.213"  # 10.213.<k>.0/24, k chosen free at runtime
 LOCK_FILE = Path("/tmp/convoy-test-hosts.lock")
+NETNS_ETC = Path("/etc/netns")  # per-namespace files `ip netns exec` mounts over /etc
 TMP_ROOT = Path("/tmp")  # short paths: Ray's unix sockets live under the temp dir (107 chars)
 IP_TIMEOUT_S = 30
 # What `ip` says where the machine (not the code) is the obstacle: no privilege, no support.
@@ -224,6 +225,11 @@ def remove_stale() -> list[str]:
         if match and path.is_dir() and not pid_alive(int(match.group(1))):
             shutil.rmtree(path, ignore_errors=True)
             removed.append(str(path))
+    for path in NETNS_ETC.glob("convoy-*") if NETNS_ETC.is_dir() else []:
+        match = NETNS_PATTERN.match(path.name)
+        if match and not pid_alive(int(match.group(1))):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(str(path))
     return removed
 
 
@@ -236,6 +242,21 @@ def machine_lock() -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def write_resolver(netns: str) -> None:
+    """Give a host a resolver that fails at once instead of after 10 s.
+
+    ``ip netns exec`` bind-mounts ``/etc/netns/<name>/resolv.conf`` over ``/etc/resolv.conf``.
+    The machine's nameserver is not reachable from the hosts (no NAT), and gloo / c10d look
+    up peers' names while forming a process group: each lookup would wait out the resolver's
+    timeout. A real node reaches its DNS; here "nameserver on the host's own loopback" is
+    refused at once. Host names themselves still resolve through ``/etc/hosts``, as on the
+    machine (see the module docstring).
+    """
+    folder = NETNS_ETC / netns
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "resolv.conf").write_text("nameserver 127.0.0.1\noptions timeout:1 attempts:1\n")
 
 
 def merged_env(env: Mapping[str, str | None] | None) -> dict[str, str]:
@@ -357,6 +378,7 @@ class TestHosts:
             host_ip = str(addresses[i + 1])
             self.namespaces.append(netns)
             ip("netns", "add", netns)
+            write_resolver(netns)
             self.veths.append(veth)
             ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
             ip("link", "set", veth, "master", self.bridge, "up")
@@ -415,6 +437,8 @@ class TestHosts:
                 problems.append(f"ip link del {self.bridge}: {done.stderr.strip()}")
         for host in self.hosts:
             shutil.rmtree(host.tmp_dir, ignore_errors=True)
+        for netns in self.namespaces:
+            shutil.rmtree(NETNS_ETC / netns, ignore_errors=True)
         links, namespaces = set(list_links()), set(list_netns())
         leftovers = [n for n in self.namespaces if n in namespaces]
         leftovers += [name for name in [self.bridge, *self.veths] if name in links]

@@ -10,6 +10,7 @@ come straight from the config.
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -26,7 +27,7 @@ from convoy.launchers.base import (
     check_shared_storage,
     local_device,
 )
-from convoy.network import address_towards, socket_interface_env
+from convoy.network import address_towards, interface_with_address, socket_interface_env
 from convoy.outputs import CONFIG_FILE, read_summary, write_config
 
 
@@ -120,6 +121,16 @@ def node_address(job: Job, endpoint: str) -> str | None:
         ) from None
 
 
+def hosts_rendezvous(endpoint: str) -> bool:
+    """True if the rendezvous endpoint's (non-loopback) address is on this node's interface."""
+    host = endpoint.rpartition(":")[0]
+    try:
+        address = socket.gethostbyname(host)
+    except OSError:
+        return False
+    return not address.startswith("127.") and interface_with_address(address) is not None
+
+
 def torchrun_command(job: Job, config_path: Path, endpoint: str | None = None) -> list[str]:
     """The torchrun command line for ``job`` (public so tests and docs can show it)."""
     opts = job.scaling.torchrun
@@ -138,6 +149,10 @@ def torchrun_command(job: Job, config_path: Path, endpoint: str | None = None) -
     local_addr = node_address(job, endpoint)
     if local_addr:
         command.append(f"--local-addr={local_addr}")
+    if hosts_rendezvous(endpoint):
+        # torchrun decides who hosts the c10d store by the host name's addresses, which miss
+        # this node's own interface when the name resolves to loopback; then nobody hosts it.
+        command.append("--rdzv-conf=is_host=1")
     if opts.node_rank is not None:
         command.append(f"--node-rank={opts.node_rank}")
     return [*command, "-m", "convoy.launchers.torchrun", str(config_path)]

@@ -1,0 +1,246 @@
+"""The default recipe on a real two-node Ray cluster (test hosts), as a user runs it.
+
+The head and the worker node are started with ``ray start`` and token auth, the way a user or
+KubeRay starts them; the driver runs ``convoy train`` on the head with ``RAY_ADDRESS``. The
+hosts' host name resolves to loopback, so these runs fail with ``Gloo connectFullMesh`` unless
+Convoy puts gloo on each node's own interface.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from netns import Host, RayNodes, TestHosts, kill_namespace
+
+pytestmark = [pytest.mark.cluster]
+
+REPO = Path(__file__).resolve().parents[2]
+RECIPE = str(REPO / "recipes" / "default.yaml")
+CONVOY = [sys.executable, "-m", "convoy"]
+
+
+def train_args(storage: Path, name: str, *overrides: str) -> list[str]:
+    base = [
+        f"run.storage_dir={storage}",
+        "run.shared_storage=true",  # every test host sees this machine's /tmp
+        f"run.name={name}",
+        "run.progress=plain",
+    ]
+    return [*CONVOY, "train", RECIPE, *(f"-o{o}" for o in [*base, *overrides])]
+
+
+def summary_of(run_dir: Path) -> dict:
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def committed(run_dir: Path) -> list[Path]:
+    return sorted((run_dir / "checkpoints").glob("step_*/meta.json"))
+
+
+class Driver:
+    """A ``convoy train`` started in a test host, its output going to a log file (a pipe
+    nobody reads while the test waits would fill up and stall it)."""
+
+    def __init__(self, host: Host, args: list[str], log: Path, env: dict | None = None) -> None:
+        self.log = log
+        with open(log, "w") as out:
+            self.process = host.popen(args, env=env, stdout=out, stderr=subprocess.STDOUT)
+
+    @property
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait(self, timeout: float) -> int:
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(
+                f"{self.log.name}: still running after {timeout:g} s:\n{self.output[-4000:]}"
+            )
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float) -> None:
+        """Wait until ``condition()``; fail at once if the driver ends first."""
+        deadline = time.monotonic() + timeout
+        while not condition():
+            if self.process.poll() is not None:
+                pytest.fail(
+                    f"{self.log.name} exited ({self.process.returncode}) first:\n"
+                    f"{self.output[-4000:]}"
+                )
+            if time.monotonic() > deadline:
+                pytest.fail(f"condition not reached in {timeout:g} s:\n{self.output[-4000:]}")
+            time.sleep(0.2)
+
+
+def two_node_cluster(make_test_hosts: Callable[[int], TestHosts], nodes: RayNodes) -> list[Host]:
+    hosts = list(make_test_hosts(2))
+    nodes.start_head(hosts[0], num_cpus=1)
+    nodes.start_worker(hosts[1], nodes.head.address, num_cpus=1)
+    return hosts
+
+
+def torchrun_args(storage: Path, name: str, endpoint: str, *overrides: str) -> list[str]:
+    return train_args(
+        storage,
+        name,
+        "scaling.launcher=torchrun",
+        f"scaling.torchrun.rdzv_endpoint={endpoint}",
+        *overrides,
+    )
+
+
+def test_default_recipe_on_two_nodes_matches_one_node(
+    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    """One recipe three ways, the same metrics: one node (torchrun, 2 workers), two Ray
+    nodes (one worker each), two torchrun nodes (c10d rendezvous, one worker each)."""
+    head, worker = two_node_cluster(make_test_hosts, ray_nodes)
+    single = subprocess.run(
+        train_args(tmp_path, "one-node", "scaling.launcher=torchrun", "run.epochs=2"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert single.returncode == 0, single.stderr[-3000:]
+
+    done = head.run(
+        train_args(tmp_path, "ray-two-nodes", "run.epochs=2"),
+        env=ray_nodes.driver_env(),
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    # One worker on each node: Ray lists the group with the node IPs.
+    assert f"ip={head.ip}" in output and f"ip={worker.ip}" in output, output[-4000:]
+
+    # torchrun: the same command on both hosts, the rendezvous on the head's address.
+    endpoint = f"{head.ip}:29400"
+    args = torchrun_args(
+        tmp_path, "torchrun-two-nodes", endpoint, "run.epochs=2", "scaling.torchrun.nnodes=2"
+    )
+    nodes = [Driver(host, args, tmp_path / f"torchrun-{host.name}.log") for host in (head, worker)]
+    for node in nodes:
+        assert node.wait(timeout=300) == 0, node.output[-4000:]
+
+    one = summary_of(tmp_path / "one-node")
+    for name in ("ray-two-nodes", "torchrun-two-nodes"):
+        two = summary_of(tmp_path / name)
+        assert two["world_size"] == one["world_size"] == 2
+        for key, value in one["metrics"].items():
+            assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
+    steps = {
+        name: f"{summary_of(tmp_path / name)['step_seconds_median'] * 1e3:.1f} ms"
+        for name in ("one-node", "ray-two-nodes", "torchrun-two-nodes")
+    }
+    print(f"\nstep time (median): {steps}; test acc {one['metrics']['test/acc']:.4f}")
+
+
+def test_torchrun_loses_a_node_and_finishes_on_the_other(
+    make_test_hosts: Callable[[int], TestHosts], tmp_path: Path
+) -> None:
+    """Elastic torchrun (``--nnodes 1:2``, c10d): the worker node dies after a checkpoint;
+    the head's agent restarts its worker, which resumes from that checkpoint at world size 1."""
+    head, worker = make_test_hosts(2)
+    run_dir = tmp_path / "tr-elastic"
+    args = torchrun_args(
+        tmp_path,
+        "tr-elastic",
+        f"{head.ip}:29400",
+        "run.epochs=3",
+        "checkpoint.every_steps=20",
+        "scaling.num_workers=[1,2]",
+        "scaling.max_failures=1",
+    )
+    survivor, victim = (
+        Driver(host, args, tmp_path / f"{host.name}.log") for host in (head, worker)
+    )
+    survivor.wait_for(lambda: bool(committed(run_dir)), timeout=240)
+    saved = committed(run_dir)[-1].parent.name
+    # The whole node: every process in it (torchrun starts its workers in their own sessions).
+    kill_namespace(worker.netns)
+    assert victim.process.poll() is not None
+    assert survivor.wait(timeout=300) == 0, survivor.output[-5000:]
+    output = survivor.output
+    assert f"convoy: resumed from {saved}" in output, output[-3000:]
+    summary = summary_of(run_dir)
+    assert summary["world_size"] == 1
+    assert summary["metrics"]["test/acc"] > 0.2
+
+
+def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
+    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    head, worker = two_node_cluster(make_test_hosts, ray_nodes)
+    run_dir = tmp_path / "lost"
+    args = train_args(tmp_path, "lost", "run.epochs=3", "checkpoint.every_steps=20")
+    driver = Driver(head, args, tmp_path / "driver.log", env=ray_nodes.driver_env())
+    driver.wait_for(lambda: bool(committed(run_dir)), timeout=240)
+    ray_nodes.kill_node(ray_nodes.nodes[1])
+    assert driver.wait(timeout=240) != 0
+    output = driver.output
+    errors = [line for line in output.splitlines() if line.startswith("convoy: error:")]
+    assert len(errors) == 1, output[-4000:]
+    assert f"lost node {worker.ip}" in errors[0], output[-5000:]
+    assert "resumes when you run 'lost' again" in errors[0]
+    saved = committed(run_dir)[-1].parent.name
+
+    # Later, on what is left (the head alone), the same run name resumes from that checkpoint.
+    again = head.run([*args, "-oscaling.num_workers=1"], env=ray_nodes.driver_env(), timeout=300)
+    output = again.stdout + again.stderr
+    assert again.returncode == 0, output[-4000:]
+    assert f"convoy: resumed from {saved}" in output, output[-3000:]
+    assert summary_of(run_dir)["world_size"] == 1
+
+
+def test_an_elastic_run_continues_on_the_nodes_left(
+    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    head, _worker = two_node_cluster(make_test_hosts, ray_nodes)
+    run_dir = tmp_path / "elastic"
+    args = train_args(
+        tmp_path,
+        "elastic",
+        "run.epochs=6",
+        "checkpoint.every_steps=20",
+        "scaling.num_workers=[1,2]",
+        "scaling.max_failures=2",
+    )
+    driver = Driver(head, args, tmp_path / "driver.log", env=ray_nodes.driver_env())
+    driver.wait_for(lambda: bool(committed(run_dir)), timeout=240)
+    ray_nodes.kill_node(ray_nodes.nodes[1])
+    assert driver.wait(timeout=400) == 0, driver.output[-5000:]
+    output = driver.output
+    assert "convoy: resumed from step_" in output, output[-3000:]
+    summary = summary_of(run_dir)
+    assert summary["world_size"] == 1
+    assert summary["metrics"]["test/acc"] > 0.3  # it trained on, 6 epochs in all
+
+
+def test_an_elastic_run_grows_when_a_node_joins(
+    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    head, joiner = make_test_hosts(2)
+    ray_nodes.start_head(head, num_cpus=1)
+    run_dir = tmp_path / "grow"
+    args = train_args(
+        tmp_path,
+        "grow",
+        "run.epochs=40",
+        "checkpoint.every_steps=20",
+        "scaling.num_workers=[1,2]",
+        "scaling.elastic_monitor_interval_s=2",
+    )
+    driver = Driver(head, args, tmp_path / "driver.log", env=ray_nodes.driver_env())
+    driver.wait_for(lambda: (run_dir / "metrics.jsonl").exists(), timeout=240)
+    ray_nodes.add_worker(joiner, num_cpus=1)
+    assert driver.wait(timeout=600) == 0, driver.output[-5000:]
+    output = driver.output
+    assert "worker group of size 1" in output and "worker group of size 2" in output, output[-5000:]
+    assert "convoy: resumed from step_" in output
+    assert summary_of(run_dir)["world_size"] == 2
