@@ -9,6 +9,7 @@ Convoy puts gloo on each node's own interface.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import time
@@ -16,13 +17,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from netns import Host, RayNodes, TestHosts, kill_namespace
+from netns import FAST_NODE_DEATH_ENV, Host, RayNodes, TestHosts, kill_namespace
 
 pytestmark = [pytest.mark.cluster]
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE = str(REPO / "recipes" / "default.yaml")
 CONVOY = [sys.executable, "-m", "convoy"]
+CORES = len(os.sched_getaffinity(0))
 
 
 def train_args(storage: Path, name: str, *overrides: str) -> list[str]:
@@ -78,9 +80,16 @@ class Driver:
             time.sleep(0.2)
 
 
+def elastic_driver_env(nodes: RayNodes) -> dict[str, str | None]:
+    # After a node is lost, Ray Train first tries the old size again until the worker group
+    # start times out (60 s by default) and only then starts on what is left.
+    return {**nodes.driver_env(), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
+
+
 def two_node_cluster(make_test_hosts: Callable[[int], TestHosts], nodes: RayNodes) -> list[Host]:
     hosts = list(make_test_hosts(2))
-    nodes.start_head(hosts[0], num_cpus=1)
+    # The head declares a dead node within ~1.5 s instead of ~15 s.
+    nodes.start_head(hosts[0], num_cpus=1, env=FAST_NODE_DEATH_ENV)
     nodes.start_worker(hosts[1], nodes.head.address, num_cpus=1)
     return hosts
 
@@ -124,7 +133,12 @@ def test_default_recipe_on_two_nodes_matches_one_node(
     args = torchrun_args(
         tmp_path, "torchrun-two-nodes", endpoint, "run.epochs=2", "scaling.torchrun.nnodes=2"
     )
-    nodes = [Driver(host, args, tmp_path / f"torchrun-{host.name}.log") for host in (head, worker)]
+    # Each test host gets a core of its own (CPU affinity), as separate machines would: the
+    # workers' torch threads follow the affinity, so two hosts do not oversubscribe the cores.
+    nodes = [
+        Driver(host, ["taskset", "-c", str(i % CORES), *args], tmp_path / f"tr-{host.name}.log")
+        for i, host in enumerate((head, worker))
+    ]
     for node in nodes:
         assert node.wait(timeout=300) == 0, node.output[-4000:]
 
@@ -206,12 +220,12 @@ def test_an_elastic_run_continues_on_the_nodes_left(
     args = train_args(
         tmp_path,
         "elastic",
-        "run.epochs=6",
+        "run.epochs=3",
         "checkpoint.every_steps=20",
         "scaling.num_workers=[1,2]",
         "scaling.max_failures=2",
     )
-    driver = Driver(head, args, tmp_path / "driver.log", env=ray_nodes.driver_env())
+    driver = Driver(head, args, tmp_path / "driver.log", env=elastic_driver_env(ray_nodes))
     driver.wait_for(lambda: bool(committed(run_dir)), timeout=240)
     ray_nodes.kill_node(ray_nodes.nodes[1])
     assert driver.wait(timeout=400) == 0, driver.output[-5000:]
@@ -219,24 +233,24 @@ def test_an_elastic_run_continues_on_the_nodes_left(
     assert "convoy: resumed from step_" in output, output[-3000:]
     summary = summary_of(run_dir)
     assert summary["world_size"] == 1
-    assert summary["metrics"]["test/acc"] > 0.3  # it trained on, 6 epochs in all
+    assert summary["metrics"]["test/acc"] > 0.2  # it trained on, 3 epochs in all
 
 
 def test_an_elastic_run_grows_when_a_node_joins(
     make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
 ) -> None:
     head, joiner = make_test_hosts(2)
-    ray_nodes.start_head(head, num_cpus=1)
+    ray_nodes.start_head(head, num_cpus=1, env=FAST_NODE_DEATH_ENV)
     run_dir = tmp_path / "grow"
     args = train_args(
         tmp_path,
         "grow",
-        "run.epochs=40",
+        "run.epochs=25",
         "checkpoint.every_steps=20",
         "scaling.num_workers=[1,2]",
         "scaling.elastic_monitor_interval_s=2",
     )
-    driver = Driver(head, args, tmp_path / "driver.log", env=ray_nodes.driver_env())
+    driver = Driver(head, args, tmp_path / "driver.log", env=elastic_driver_env(ray_nodes))
     driver.wait_for(lambda: (run_dir / "metrics.jsonl").exists(), timeout=240)
     ray_nodes.add_worker(joiner, num_cpus=1)
     assert driver.wait(timeout=600) == 0, driver.output[-5000:]
