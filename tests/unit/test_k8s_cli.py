@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import io
+import sys
+from pathlib import Path
+
 import pytest
 
 from convoy.cli import build_parser, main
@@ -39,3 +43,94 @@ def test_every_k8s_action_has_help(action, capsys):
         main(["k8s", *action, "--help"])
     assert exit_info.value.code == 0
     assert len(capsys.readouterr().out.splitlines()) > 4
+
+
+# One-line errors, never a traceback (exit 2, "convoy: error: ...").
+
+REPO = Path(__file__).resolve().parents[2]
+IMAGE = ["-o", "k8s.image=registry.example.com/convoy:0.1.0", "-o", "k8s.pvc=convoy-runs"]
+
+
+def _error(argv, capsys, monkeypatch=None) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("convoy: error: ")
+    return err
+
+
+def _rendered(tmp_path, capsys, *extra: str) -> Path:
+    out = tmp_path / "rayjob.yaml"
+    assert main(["k8s", "render", str(REPO / "recipes/default.yaml"), *IMAGE, *extra,
+                 "--out", str(out)]) == 0  # fmt: skip
+    capsys.readouterr()
+    return out
+
+
+@pytest.mark.parametrize(
+    ("content", "says"),
+    [
+        (None, "cannot read it (No such file or directory)"),
+        ("a: [unclosed\n", "not valid YAML at line 2"),
+        ("", "no manifests"),
+        ("# only a comment\n", "no manifests"),
+    ],
+)
+def test_validate_reads_files_with_one_line_errors(tmp_path, capsys, content, says):
+    path = tmp_path / "m.yaml"
+    if content is not None:
+        path.write_text(content)
+    err = _error(["k8s", "validate", str(path)], capsys)
+    assert says in err
+    assert len(err.splitlines()) == 1
+
+
+def test_validate_a_recipe_says_render_it(capsys):
+    err = _error(["k8s", "validate", str(REPO / "recipes/default.yaml")], capsys)
+    assert "this looks like a recipe, not a manifest; use convoy k8s render RECIPE" in err
+    assert "None" not in err
+
+
+def test_validate_reads_stdin(tmp_path, capsys, monkeypatch):
+    text = _rendered(tmp_path, capsys).read_text()
+    monkeypatch.setattr(sys, "stdin", io.StringIO(text))
+    assert main(["k8s", "validate", "-"]) == 0
+    assert capsys.readouterr().out == "-: 2 manifest(s) valid\n"
+
+
+def test_render_out_to_a_missing_directory(capsys):
+    err = _error(
+        ["k8s", "render", str(REPO / "recipes/default.yaml"), *IMAGE,
+         "--out", "/nonexistent/dir/x.yaml"], capsys,
+    )  # fmt: skip
+    assert "--out /nonexistent/dir/x.yaml: cannot write it" in err
+
+
+def test_overrides_apply_only_to_a_recipe(tmp_path, capsys):
+    path = _rendered(tmp_path, capsys)
+    err = _error(["k8s", "submit", str(path), "-o", "k8s.image=x:1"], capsys)
+    assert "-o/--override applies only to a recipe" in err
+    assert len(err.splitlines()) == 1
+
+
+def test_submit_validates_before_it_connects(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    path = _rendered(tmp_path, capsys)
+    path.write_text(path.read_text().replace("backoffLimit:", "backofLimit:"))
+    err = _error(["k8s", "submit", str(path)], capsys)
+    assert "backofLimit: unknown field (did you mean 'backoffLimit'?)" in err
+    assert "no Kubernetes cluster" not in err
+
+
+def test_a_missing_or_malformed_kubeconfig_is_one_line(tmp_path, capsys, monkeypatch):
+    pytest.importorskip("kubernetes")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "")
+    err = _error(["k8s", "status", "x"], capsys)
+    assert f"no file at KUBECONFIG={tmp_path / 'missing'}" in err
+    assert ".;" not in err
+    broken = tmp_path / "config"
+    broken.write_text("apiVersion: v1\nclusters: [\n")
+    monkeypatch.setenv("KUBECONFIG", str(broken))
+    err = _error(["k8s", "status", "x"], capsys)
+    assert f"kubeconfig KUBECONFIG={broken}: not valid YAML" in err
+    assert len(err.splitlines()) == 1

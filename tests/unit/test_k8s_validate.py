@@ -67,6 +67,40 @@ def rendered(*overrides: str, kind: str | None = None):
             "needs 2 worker pods",
         ),
         (["k8s.ray_version=2.40.0"], "k8s.ray_version", "token auth (always on) needs Ray 2.52.0"),
+        # Broken image references (docker/distribution's grammar; sha256 digests only).
+        (["k8s.image=convoy@sha256:abc"], "k8s.image", "an image reference"),
+        (["k8s.image=IMG:1.0"], "k8s.image", "an image reference"),
+        (["k8s.image=img:1.0:2"], "k8s.image", "an image reference"),
+        (["k8s.image=img@md5:" + "a" * 32], "k8s.image", "a digest is sha256:"),
+        (["k8s.image=img@sha256:" + "A" * 64], "k8s.image", "a digest is sha256:"),
+        # What lands in labels, node selectors and resource limits.
+        (
+            ["scaling.use_gpu=true", "k8s.gpu_type=NVIDIA H100 80GB"],
+            "k8s.gpu_type",
+            "a label value",
+        ),
+        (["k8s.node_selector={pool: gpu nodes}"], "k8s.node_selector.pool", "a label value"),
+        (["k8s.node_selector={'bad key!': x}"], "k8s.node_selector", "a label key"),
+        (["k8s.labels={'bad key!': x}"], "k8s.labels", "a label key"),
+        (["k8s.gpu_node_label=a b"], "k8s.gpu_node_label", "a label key"),
+        (["k8s.gpu_resource=gpu"], "k8s.gpu_resource", "an extended resource name"),
+        (["k8s.gpu_resource=kubernetes.io/gpu"], "k8s.gpu_resource", "extended resource"),
+        (["k8s.extra_resources={efa: '4'}"], "k8s.extra_resources", "extended resource"),
+        (["k8s.extra_resources={cpu: '4'}"], "k8s.extra_resources", "k8s.worker_cpu"),
+        (["k8s.name=My_Run"], "k8s.name", "e.g. 'my-run'); set k8s.name to such a name"),
+        # Storage that leaves the PVC, and a PVC over a system directory.
+        (["run.storage_dir=../../etc"], "run.storage_dir", "no '..' out of it"),
+        (["run.storage_dir=/mnt/shared/../etc"], "run.storage_dir", "no '..' out of it"),
+        *[
+            ([f"k8s.pvc_mount_path={p}"], "k8s.pvc_mount_path", "a system directory")
+            for p in ["/", "/dev", "/etc", "/proc", "/sys", "/usr", "/bin", "/lib", "/usr/local"]
+        ],
+        (
+            ["k8s.active_deadline_s=600", "k8s.pre_running_deadline_s=1200"],
+            "k8s.active_deadline_s",
+            "below k8s.pre_running_deadline_s 1200",
+        ),
+        (["k8s.tmp_size=big"], "k8s.tmp_size", "a Kubernetes quantity"),
     ],
 )
 def test_job_checks_name_field_value_and_what_is_allowed(overrides, field, says):
@@ -112,7 +146,56 @@ def test_a_rayjob_name_fits_47_a_raycluster_53():
     ],
 )
 def test_every_render_passes_every_check(kind, overrides):
+    if kind == "raycluster" and "k8s.recipe_in=inline" in overrides:
+        overrides = [o for o in overrides if o != "k8s.recipe_in=inline"]
     check_manifests(rendered(*overrides, kind=kind))
+
+
+def test_a_raycluster_refuses_an_inline_recipe():
+    with pytest.raises(ConfigError, match="a RayCluster has neither") as caught:
+        rendered("k8s.recipe_in=inline", kind="raycluster")
+    assert caught.value.field == "k8s.recipe_in"
+
+
+@pytest.mark.parametrize(
+    "image",
+    [
+        "localhost:5000/convoy:1.0",
+        "registry.example.com:443/team/convoy:0.1.0-cuda",
+        "convoy@sha256:" + "0" * 64,
+        "registry.example.com/convoy:0.1.0@sha256:" + "a" * 64,
+    ],
+)
+def test_valid_image_references_pass(image):
+    rendered(f"k8s.image={image}")
+
+
+def test_numbers_and_bools_in_string_maps_become_strings():
+    job = load_job(
+        REPO / "recipes" / "default.yaml",
+        [
+            *BASE,
+            "k8s.env={OMP_NUM_THREADS: 4, DEBUG: true}",
+            "k8s.extra_resources={vpc.amazonaws.com/efa: 4}",
+            "k8s.node_selector={example.com/generation: 5}",
+        ],
+    )
+    assert job.k8s.env == {"OMP_NUM_THREADS": "4", "DEBUG": "true"}
+    assert job.k8s.extra_resources == {"vpc.amazonaws.com/efa": "4"}
+    assert job.k8s.node_selector == {"example.com/generation": "5"}
+    check_manifests(render(job))
+
+
+def test_storage_dir_is_normalised_onto_the_pvc():
+    manifests = rendered("run.storage_dir=runs/../team/./runs")
+    recipe = manifests[0]["data"]["recipe.yaml"]
+    assert "storage_dir: /mnt/shared/team/runs" in recipe
+
+
+def test_tmp_has_a_size_limit():
+    pod = rendered("k8s.tmp_size=10Gi")[1]["spec"]["rayClusterSpec"]["headGroupSpec"]
+    volumes = {v["name"]: v for v in pod["template"]["spec"]["volumes"]}
+    assert volumes["tmp"]["emptyDir"] == {"sizeLimit": "10Gi"}
 
 
 def test_autoscaled_render_passes_every_check():
@@ -383,3 +466,80 @@ def test_cli_render_refuses_with_one_line(capsys):
     )
     err = capsys.readouterr().err
     assert err.startswith("convoy: error: k8s.image: got 'convoy:latest';") and err.count("\n") == 1
+
+
+def test_a_toleration_typo_is_reported_once_for_every_pod():
+    with pytest.raises(K8sError) as caught:
+        check_manifests(rendered("k8s.tolerations=[{key: a, operatr: Exists}]"))
+    lines = str(caught.value).splitlines()[1:]
+    assert len(lines) == 1
+    assert "operatr: unknown field (did you mean 'operator'?)" in lines[0]
+    assert "the same in" in lines[0]
+
+
+def test_the_recipe_in_the_configmap_is_checked():
+    manifests = rendered()
+    manifests[0]["data"]["recipe.yaml"] += "optim:\n  lr_typo: 1\n"
+    problems = manifest_problems(manifests[0])
+    assert len(problems) == 1
+    assert problems[0].startswith("ConfigMap/digits-vit-recipe data.recipe.yaml: optim")
+    manifests[0]["data"]["recipe.yaml"] = "model: [unclosed"
+    assert "not valid YAML" in manifest_problems(manifests[0])[0]
+
+
+def test_the_workload_must_mount_the_configmap_of_the_file():
+    manifests = rendered()
+    manifests[0]["metadata"]["name"] = "other-recipe"
+    with pytest.raises(K8sError, match=r"ConfigMap .digits-vit-recipe. .* is not in this file"):
+        check_manifests(manifests)
+
+
+def test_the_entrypoint_must_read_a_key_the_configmap_has():
+    manifests = rendered()
+    manifests[0]["data"] = {"job.yaml": manifests[0]["data"]["recipe.yaml"]}
+    with pytest.raises(K8sError, match=r"reads /etc/convoy/recipe\.yaml, but ConfigMap"):
+        check_manifests(manifests)
+    manifests = rendered(kind="pytorchjob")
+    manifests[0]["data"] = {"job.yaml": manifests[0]["data"]["recipe.yaml"]}
+    with pytest.raises(K8sError, match=r"Worker.template.spec.containers\[0\].command: reads"):
+        check_manifests(manifests)
+
+
+def test_worker_pods_must_hold_the_recipes_workers():
+    manifests = rendered()  # default.yaml: 2 workers, 1 per pod
+    group = manifests[1]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    group.update(replicas=1, minReplicas=1, maxReplicas=1)
+    with pytest.raises(K8sError, match=r"at most 1 worker pod.*needs 2, so training would wait"):
+        check_manifests(manifests)
+    manifests = rendered(kind="pytorchjob")
+    manifests[1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = 1
+    manifests[1]["spec"]["elasticPolicy"].update(minReplicas=1, maxReplicas=1)
+    with pytest.raises(K8sError) as caught:
+        check_manifests(manifests)
+    assert "Worker.replicas: got 1; the recipe's scaling.num_workers 2" in str(caught.value)
+    assert "elasticPolicy.maxReplicas: got 1" in str(caught.value)
+
+
+def test_an_elastic_rayjob_without_autoscaling_has_max_replicas():
+    manifests = rendered("scaling.num_workers=[2, 4]", "data.batch_size=48")
+    group = manifests[1]["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    assert group["replicas"] == group["minReplicas"] == group["maxReplicas"] == 4
+
+
+def test_a_bad_quantity_reads_as_a_quantity():
+    rayjob = _rayjob()
+    head = rayjob["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    head["containers"][0]["resources"]["limits"]["memory"] = "4 GB"
+    problems = manifest_problems(rayjob)
+    assert any("got '4 GB'; expected an integer or a quantity" in p for p in problems), problems
+    assert not any("^(" in p for p in problems), problems
+
+
+def test_no_manifests_and_a_recipe_are_refused():
+    with pytest.raises(K8sError, match="no manifests"):
+        check_manifests([])
+    problems = manifest_problems({"model": {"name": "mlp"}, "data": {}})
+    assert problems == [
+        "kind: missing; this looks like a recipe, not a manifest; use convoy k8s render RECIPE "
+        "(or convoy k8s submit RECIPE)"
+    ]

@@ -13,6 +13,7 @@ kube-apiserver.
 from __future__ import annotations
 
 import json
+import os
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -119,21 +120,45 @@ class KubeApi:
         """From a kubeconfig (``--kubeconfig``, ``KUBECONFIG`` or ``~/.kube/config``), or the
         pod's service account when run inside a cluster with no kubeconfig."""
         k8s = require("kubernetes")
+        yaml = require("yaml")
         configuration = k8s.client.Configuration()
+        path = kubeconfig or os.environ.get("KUBECONFIG") or "~/.kube/config"
+        source = (
+            "--kubeconfig" if kubeconfig else "KUBECONFIG" if "KUBECONFIG" in os.environ else ""
+        )
+        named = f"{source}={path}" if source else path
         try:
+            # KUBECONFIG read now: the client reads it once, when it is imported.
             k8s.config.load_kube_config(
-                config_file=kubeconfig, context=context, client_configuration=configuration
+                config_file=kubeconfig or os.environ.get("KUBECONFIG") or None,
+                context=context,
+                client_configuration=configuration,
             )
+        except yaml.YAMLError as exc:
+            raise K8sError(f"kubeconfig {named}: not valid YAML ({_one_line(exc)})") from None
         except (k8s.config.ConfigException, FileNotFoundError) as exc:
+            reason = _one_line(exc).rstrip(".")
+            if isinstance(exc, FileNotFoundError) or "No configuration found" in reason:
+                reason = f"no file at {named}" if source else reason
             if kubeconfig or context:
-                raise K8sError(f"kubeconfig: {exc}") from None
+                raise K8sError(f"kubeconfig {named}: {reason}") from None
             try:
                 k8s.config.load_incluster_config(client_configuration=configuration)
             except k8s.config.ConfigException:
                 raise K8sError(
-                    f"no Kubernetes cluster configured: {exc}; set KUBECONFIG or pass "
+                    f"no Kubernetes cluster configured ({reason}); set KUBECONFIG or pass "
                     "--kubeconfig (or run inside a pod with a service account)"
                 ) from None
+        except (OSError, ValueError, TypeError, AttributeError, KeyError) as exc:
+            # A kubeconfig that parses but is malformed (a list where a map belongs, ...).
+            raise K8sError(f"kubeconfig {named}: malformed ({_one_line(exc)})") from None
+        if not configuration.verify_ssl:
+            # The kubeconfig asks for insecure-skip-tls-verify: the user knows; one warning
+            # per request would bury the output.
+            import warnings
+
+            urllib3 = require("urllib3")
+            warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
         return cls(k8s.client.ApiClient(configuration))
 
     # -- calls ------------------------------------------------------------------------------
@@ -338,3 +363,7 @@ def explain(
     if status == 400 and "pods/log" in resource.plural:
         return K8sError(f"no logs from pod {namespace}/{name} yet: {message}")
     return K8sError(f"{verb} {what}: {status} {message}".rstrip())
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split())

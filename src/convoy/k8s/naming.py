@@ -34,6 +34,55 @@ DNS_1123_SUBDOMAIN = re.compile(
 LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
 
 
+QUALIFIED_NAME_PART = re.compile(r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+
+
+def is_qualified_name(key: str) -> bool:
+    """A label / node-selector key: ``[prefix/]name``, the prefix a DNS-1123 subdomain, the
+    name at most 63 letters, digits, '-', '_' and '.' starting and ending alphanumeric."""
+    prefix, slash, name = key.rpartition("/")
+    if slash and not is_dns1123_subdomain(prefix):
+        return False
+    return len(name) <= 63 and bool(QUALIFIED_NAME_PART.match(name))
+
+
+STANDARD_RESOURCES = ("cpu", "memory", "ephemeral-storage")
+
+
+def is_extended_resource(name: str) -> bool:
+    """A resource a device plugin advertises: ``domain/name`` (``nvidia.com/gpu``,
+    ``vpc.amazonaws.com/efa``), outside ``kubernetes.io`` and not ``requests.*``."""
+    prefix, slash, _ = name.partition("/")
+    return (
+        bool(slash)
+        and is_qualified_name(name)
+        and "." in prefix
+        and not prefix.endswith("kubernetes.io")
+        and not name.startswith("requests.")
+    )
+
+
+def is_resource_name(name: str) -> bool:
+    """A container resource name: a standard one, ``hugepages-<size>``, or extended."""
+    return (
+        name in STANDARD_RESOURCES
+        or (name.startswith("hugepages-") and is_qualified_name(name))
+        or is_extended_resource(name)
+    )
+
+
+# docker/distribution's reference grammar (reference/regexp.go), anchored.
+_PATH_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|[-]+)[a-z0-9]+)*"
+_DOMAIN_COMPONENT = r"(?:[a-zA-Z0-9]|[a-zA-Z0-9][a-zA-Z0-9-]*[a-zA-Z0-9])"
+_DOMAIN = rf"(?:{_DOMAIN_COMPONENT}(?:\.{_DOMAIN_COMPONENT})*|\[[a-fA-F0-9:]+\])(?::[0-9]+)?"
+IMAGE_REFERENCE = re.compile(
+    rf"^(?P<name>(?:{_DOMAIN}/)?{_PATH_COMPONENT}(?:/{_PATH_COMPONENT})*)"
+    r"(?::(?P<tag>[\w][\w.-]{0,127}))?"
+    r"(?:@(?P<digest>[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,}))?$"
+)
+SHA256_DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
+
+
 def is_dns1035(name: str, limit: int = 63) -> bool:
     return len(name) <= limit and bool(DNS_1035.match(name))
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import copy
 import math
+import posixpath
 import shlex
 from dataclasses import dataclass, field
 from pathlib import PurePosixPath
@@ -80,9 +81,12 @@ def cluster_job(job: Job, kind: str) -> tuple[Job, str]:
     run: dict[str, Any] = {"name": run_name}
     storage = job.run.storage_dir
     if job.k8s.pvc and not storage.startswith("s3://"):
-        mount = PurePosixPath(job.k8s.pvc_mount_path)
+        mount = PurePosixPath(posixpath.normpath(job.k8s.pvc_mount_path))
         path = PurePosixPath(storage)
-        run["storage_dir"] = str(path if path.is_relative_to(mount) else mount / path)
+        joined = path if path.is_absolute() else mount / path
+        normal = PurePosixPath(posixpath.normpath(joined))
+        # A path that leaves the mount ('../..') is kept as written: validation refuses it.
+        run["storage_dir"] = str(normal if normal.is_relative_to(mount) else joined)
         run["shared_storage"] = True
     k8s = job.k8s.model_copy(update={"kind": kind})
     launcher = "torchrun" if kind == "pytorchjob" else "ray"
@@ -263,7 +267,7 @@ def _volumes(job: Job, name: str, parts: PodParts) -> list[dict[str, Any]]:
                 "name": "dshm",
                 "emptyDir": {"medium": "Memory", "sizeLimit": parts.shm_size or job.k8s.shm_size},
             },
-            {"name": "tmp", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {"sizeLimit": job.k8s.tmp_size}},
         ]
         if job.k8s.pvc:
             volumes.append({"name": "shared", "persistentVolumeClaim": {"claimName": job.k8s.pvc}})

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import difflib
 import functools
+import posixpath
 import re
 from importlib import resources
 from pathlib import PurePosixPath
@@ -41,7 +42,16 @@ from convoy.k8s import K8sError, naming, require
 
 def check_job(job: Job, kind: str, name: str) -> None:
     """Raise ``ConfigError`` for the first thing that stops ``job`` running as ``kind``."""
-    for check in (_check_image, _check_names, _check_storage, _check_fit, _check_scaling):
+    checks = (
+        _check_image,
+        _check_names,
+        _check_labels,
+        _check_storage,
+        _check_fit,
+        _check_scaling,
+        _check_recipe,
+    )
+    for check in checks:
         check(job, kind, name)
 
 
@@ -55,9 +65,25 @@ def _check_image(job: Job, kind: str, name: str) -> None:
             f"set an image with Convoy and Ray {job.k8s.ray_version} installed, pinned by a "
             f"tag or digest ({example})",
         )
-    if "@" in image:
+    reference = naming.IMAGE_REFERENCE.match(image)
+    if not reference or len(reference["name"]) > 255:
+        raise ConfigError(
+            "k8s.image",
+            image,
+            "an image reference: [registry[:port]/]repository[:tag][@sha256:<64 hex>], the "
+            "repository in lowercase letters, digits and separators (. _ __ -), one tag of "
+            f"letters, digits, '_', '.' and '-' ({example})",
+        )
+    digest, tag = reference["digest"], reference["tag"]
+    if digest:
+        if not naming.SHA256_DIGEST.match(digest):
+            raise ConfigError(
+                "k8s.image",
+                image,
+                "a digest is sha256: and 64 lowercase hex digits (docker inspect --format "
+                "'{{index .RepoDigests 0}}' IMAGE prints it)",
+            )
         return
-    tag = image.rsplit("/", 1)[-1].partition(":")[2]
     if not tag:
         raise ConfigError("k8s.image", image, f"the image needs a version tag ({example})")
     if tag == "latest":
@@ -81,7 +107,8 @@ def _check_names(job: Job, kind: str, name: str) -> None:
             shown,
             f"the {kind} would be named {name!r} ({len(name)} characters); KubeRay and "
             f"Kubernetes allow a DNS-1035 label of at most {limit} characters (lowercase "
-            "letters, digits and '-', starting with a letter); set k8s.name",
+            "letters, digits and '-', starting with a letter and ending with a letter or "
+            "digit, e.g. 'my-run'); set k8s.name to such a name",
         )
     if not naming.is_dns1123_label(k8s.namespace):
         raise ConfigError("k8s.namespace", k8s.namespace, "a DNS-1123 label, e.g. 'ml-team'")
@@ -98,12 +125,51 @@ def _check_names(job: Job, kind: str, name: str) -> None:
                 "a DNS-1123 name: at most 253 lowercase letters, digits, '-' and '.', "
                 "starting and ending with a letter or digit",
             )
-    for key, value in k8s.labels.items():
-        if not naming.is_label_value(value):
+
+
+LABEL_KEY = (
+    "a label key: [prefix/]name, the name at most 63 letters, digits, '-', '_' and '.' "
+    "starting and ending with a letter or digit, the prefix a DNS-1123 subdomain "
+    "(e.g. node.kubernetes.io/instance-type)"
+)
+LABEL_VALUE = (
+    "a label value: at most 63 letters, digits, '-', '_' and '.', starting and ending with a "
+    "letter or digit (no spaces; e.g. NVIDIA-H100-80GB-HBM3)"
+)
+RESOURCE_NAME = (
+    "an extended resource name, domain/name as the device plugin advertises it (e.g. "
+    "nvidia.com/gpu, amd.com/gpu, vpc.amazonaws.com/efa)"
+)
+
+
+def _check_labels(job: Job, kind: str, name: str) -> None:
+    """What lands in pod labels, node selectors and resource limits: a bad one is accepted
+    by the API server's schema only to leave the pod Pending until the deadline."""
+    k8s = job.k8s
+    for field, mapping in [("k8s.labels", k8s.labels), ("k8s.node_selector", k8s.node_selector)]:
+        for key, value in mapping.items():
+            if not naming.is_qualified_name(key):
+                raise ConfigError(f"{field}", key, LABEL_KEY)
+            if not naming.is_label_value(value):
+                raise ConfigError(f"{field}.{key}", value, LABEL_VALUE)
+    if not naming.is_qualified_name(k8s.gpu_node_label):
+        raise ConfigError("k8s.gpu_node_label", k8s.gpu_node_label, LABEL_KEY)
+    if k8s.gpu_type is not None and not naming.is_label_value(k8s.gpu_type):
+        raise ConfigError(
+            "k8s.gpu_type",
+            k8s.gpu_type,
+            f"{LABEL_VALUE}; it must equal the node label {k8s.gpu_node_label} (kubectl get "
+            f"nodes -L {k8s.gpu_node_label})",
+        )
+    if not naming.is_extended_resource(k8s.gpu_resource):
+        raise ConfigError("k8s.gpu_resource", k8s.gpu_resource, RESOURCE_NAME)
+    for key in k8s.extra_resources:
+        if key in ("cpu", "memory") or not naming.is_resource_name(key):
             raise ConfigError(
-                f"k8s.labels.{key}",
-                value,
-                "a label value: at most 63 letters, digits, '-', '_' and '.'",
+                "k8s.extra_resources",
+                key,
+                f"{RESOURCE_NAME}, ephemeral-storage or hugepages-<size> (cpu and memory are "
+                "k8s.worker_cpu and k8s.worker_memory)",
             )
 
 
@@ -118,18 +184,33 @@ def _check_storage(job: Job, kind: str, name: str) -> None:
             "the pods share no filesystem, and Ray Train needs one storage every node "
             "reaches; set k8s.pvc (a ReadWriteMany PVC) or run.storage_dir=s3://bucket/prefix",
         )
-    mount = PurePosixPath(job.k8s.pvc_mount_path)
-    if not mount.is_absolute() or str(mount) in {"/", "/tmp", "/dev/shm", "/etc/convoy"}:
+    raw = job.k8s.pvc_mount_path
+    mount = PurePosixPath(posixpath.normpath(raw))
+    if not mount.is_absolute() or _system_path(mount):
         raise ConfigError(
-            "k8s.pvc_mount_path", str(mount), "an absolute path of its own, e.g. /mnt/shared"
+            "k8s.pvc_mount_path",
+            raw,
+            "an absolute path of its own, e.g. /mnt/shared; not /, a system directory "
+            f"({', '.join(SYSTEM_DIRS)} or under them), /tmp, /dev/shm or /etc/convoy",
         )
-    if not PurePosixPath(storage).is_relative_to(mount):
+    if not PurePosixPath(posixpath.normpath(storage)).is_relative_to(mount):
         raise ConfigError(
             "run.storage_dir",
             storage,
-            f"with k8s.pvc the run is stored on the PVC: a relative path, or one under "
-            f"k8s.pvc_mount_path {str(mount)!r}",
+            f"with k8s.pvc the run is stored on the PVC: a relative path that stays on it "
+            f"(no '..' out of it), or one under k8s.pvc_mount_path {str(mount)!r}",
         )
+
+
+SYSTEM_DIRS = ("/bin", "/boot", "/dev", "/etc", "/lib", "/lib64", "/proc", "/run", "/sbin",
+               "/sys", "/usr", "/tmp")  # fmt: skip
+"""Mounting the PVC on (or under) one of these hides what the image or kernel put there."""
+
+
+def _system_path(path: PurePosixPath) -> bool:
+    if str(path) in {"/", "/home", "/home/ray", "/opt", "/var", "/root"}:
+        return True
+    return any(path.is_relative_to(d) for d in SYSTEM_DIRS)
 
 
 def _check_fit(job: Job, kind: str, name: str) -> None:
@@ -225,12 +306,33 @@ def _check_scaling(job: Job, kind: str, name: str) -> None:
             f"scaling.num_workers {scaling.max_workers} at k8s.workers_per_pod "
             f"{k8s.workers_per_pod} needs {high} worker pods",
         )
+    if k8s.active_deadline_s < k8s.pre_running_deadline_s:
+        raise ConfigError(
+            "k8s.active_deadline_s",
+            k8s.active_deadline_s,
+            f"the whole job's deadline is below k8s.pre_running_deadline_s "
+            f"{k8s.pre_running_deadline_s} (the time allowed to start); raise it or lower that",
+        )
     if _version(k8s.ray_version) < (2, 52, 0):
         raise ConfigError(
             "k8s.ray_version",
             k8s.ray_version,
             "Ray token auth (always on) needs Ray 2.52.0 or later; Convoy uses 2.60.0",
         )
+
+
+def _check_recipe(job: Job, kind: str, name: str) -> None:
+    if kind == "raycluster" and job.k8s.recipe_in == "inline":
+        raise ConfigError(
+            "k8s.recipe_in",
+            "inline",
+            "an inline recipe travels in a RayJob's entrypoint or a PyTorchJob's command, and "
+            "a RayCluster has neither; use k8s.recipe_in=configmap (the head mounts it at "
+            "/etc/convoy/recipe.yaml) or --kind rayjob",
+        )
+    for field, text in [("k8s.tmp_size", job.k8s.tmp_size)]:
+        if not QUANTITY.match(str(text)):
+            raise ConfigError(field, text, "a Kubernetes quantity, e.g. 8Gi, 512Mi or 4")
 
 
 def _version(text: str) -> tuple[int, ...]:
@@ -251,10 +353,45 @@ CRD_FILES = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.
 
 
 def check_manifests(manifests: list[dict[str, Any]]) -> None:
-    """Raise ``K8sError`` listing every problem of every manifest, one per line."""
+    """Raise ``K8sError`` listing every problem of every manifest, one per line (a problem
+    that several pods share, such as a toleration typo, once)."""
+    if not manifests:
+        raise K8sError("no manifests: the file holds no YAML documents")
     problems = [p for m in manifests for p in manifest_problems(m)]
+    problems += cross_problems(manifests)
+    problems = merge_pod_problems(list(dict.fromkeys(problems)))
     if problems:
         raise K8sError("the manifest would be refused:\n  " + "\n  ".join(problems))
+
+
+POD_TEMPLATE = re.compile(
+    r"^(?P<pod>spec\.submitterPodTemplate|spec(?:\.rayClusterSpec)?\.headGroupSpec\.template"
+    r"|spec(?:\.rayClusterSpec)?\.workerGroupSpecs\[\d+\]\.template"
+    r"|spec\.pytorchReplicaSpecs\.\w+\.template)(?P<rest>\.spec\..*)$"
+)
+
+
+def merge_pod_problems(problems: list[str]) -> list[str]:
+    """One line for a problem every pod template shares (a toleration typo in ``k8s``
+    lands in the submitter, head and worker pods alike), naming the others."""
+    first: dict[str, int] = {}
+    also: dict[int, list[str]] = {}
+    merged: list[str] = []
+    for line in problems:
+        match = POD_TEMPLATE.match(line)
+        if not match:
+            merged.append(line)
+            continue
+        if match["rest"] in first:
+            also[first[match["rest"]]].append(match["pod"])
+            continue
+        first[match["rest"]] = len(merged)
+        also[len(merged)] = []
+        merged.append(line)
+    return [
+        f"{line} (the same in {', '.join(also[i])})" if also.get(i) else line
+        for i, line in enumerate(merged)
+    ]
 
 
 def manifest_problems(obj: dict[str, Any]) -> list[str]:
@@ -272,9 +409,17 @@ def manifest_problems(obj: dict[str, Any]) -> list[str]:
         problems += pod_policy_problems(obj)
     elif kind == "ConfigMap":
         problems += configmap_problems(obj)
+    elif kind is None and isinstance(obj, dict) and set(obj) & RECIPE_SECTIONS:
+        problems.append(
+            "kind: missing; this looks like a recipe, not a manifest; use convoy k8s render "
+            "RECIPE (or convoy k8s submit RECIPE)"
+        )
     else:
         problems.append(f"kind: got {kind!r}; allowed: 'ConfigMap', 'PyTorchJob', {_kinds()}")
     return problems
+
+
+RECIPE_SECTIONS = set(Job.model_fields)
 
 
 def _kinds() -> str:
@@ -343,6 +488,11 @@ def _describe(error: Any) -> list[str]:
     if error.validator == "anyOf" and all(
         s.get("type") in {"integer", "string"} for s in error.validator_value
     ):
+        return [
+            f"{path}: got {error.instance!r}; expected an integer or a quantity string "
+            "(e.g. 500m, 8Gi, 2)"
+        ]
+    if error.validator == "pattern" and "[numkMGTPE]" in str(error.validator_value):
         return [
             f"{path}: got {error.instance!r}; expected an integer or a quantity string "
             "(e.g. 500m, 8Gi, 2)"
@@ -676,7 +826,157 @@ def configmap_problems(obj: dict[str, Any]) -> list[str]:
     name = obj.get("metadata", {}).get("name", "")
     if not naming.is_dns1123_subdomain(name):
         problems.append(f"metadata.name: got {name!r}; a DNS-1123 name")
-    size = sum(len(str(v).encode()) for v in obj.get("data", {}).values())
+    data = obj.get("data") or {}
+    size = sum(len(str(v).encode()) for v in data.values())
     if size > 1_048_576:
         problems.append(f"data: {size} bytes; a ConfigMap holds at most 1 MiB")
+    key = PurePosixPath(RECIPE_PATH).name
+    if key in data:
+        try:
+            recipe_job(str(data[key]))
+        except ConfigError as exc:
+            problems.append(f"ConfigMap/{name} data.{key}: {exc}")
     return problems
+
+
+RECIPE_PATH = "/etc/convoy/recipe.yaml"  # convoy.k8s.render.RECIPE_PATH
+
+
+def recipe_job(text: str) -> Job:
+    """The recipe a ConfigMap carries, loaded as ``convoy train`` in the pod will load it."""
+    from convoy.config import job_from_dict
+
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("recipe", "...", f"not valid YAML ({_first_line(exc)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError("recipe", data, "the top level must be a mapping of sections")
+    return job_from_dict(data)
+
+
+def _first_line(exc: Exception) -> str:
+    return " ".join(str(exc).split())
+
+
+# ---------------------------------------------------------------------------------------------
+# Across the manifests of one file: the workload against its recipe ConfigMap
+
+
+def cross_problems(manifests: list[dict[str, Any]]) -> list[str]:
+    """The workload's ConfigMap volume names a ConfigMap of the file, its entrypoint reads a
+    key that ConfigMap has, and its worker pods match the recipe's worker count."""
+    configmaps = {
+        m.get("metadata", {}).get("name"): m for m in manifests if m.get("kind") == "ConfigMap"
+    }
+    problems = []
+    for obj in manifests:
+        if obj.get("kind") not in ("RayJob", "RayCluster", "PyTorchJob") or not configmaps:
+            continue
+        label = f"{obj['kind']}/{obj.get('metadata', {}).get('name', '')}"
+        for where, pod in _pod_templates(obj):
+            problems += _recipe_mount_problems(obj, label, where, pod, configmaps)
+        problems += _worker_count_problems(obj, label, configmaps)
+    return problems
+
+
+def _configmap_mounts(pod: dict[str, Any]) -> dict[str, str]:
+    """mountPath -> ConfigMap name of the pod's first container."""
+    spec = pod.get("spec", {})
+    volumes = {
+        v.get("name"): v["configMap"].get("name")
+        for v in spec.get("volumes") or []
+        if isinstance(v.get("configMap"), dict)
+    }
+    containers = spec.get("containers") or [{}]
+    return {
+        m.get("mountPath", ""): volumes[m.get("name")]
+        for m in containers[0].get("volumeMounts") or []
+        if m.get("name") in volumes
+    }
+
+
+def _recipe_mount_problems(
+    obj: dict[str, Any],
+    label: str,
+    where: str,
+    pod: dict[str, Any],
+    configmaps: dict[Any, dict[str, Any]],
+) -> list[str]:
+    problems = []
+    mounts = _configmap_mounts(pod)
+    for path, cm in mounts.items():
+        if cm not in configmaps:
+            problems.append(
+                f"{label} {where}.spec.volumes: ConfigMap {cm!r} (mounted at {path}) is not in "
+                f"this file; it has {', '.join(repr(n) for n in configmaps)}"
+            )
+    if obj["kind"] == "RayJob" and where.endswith("headGroupSpec.template"):
+        command = str(obj.get("spec", {}).get("entrypoint", ""))
+        at = "spec.entrypoint"
+    elif obj["kind"] == "PyTorchJob":
+        containers = pod.get("spec", {}).get("containers") or [{}]
+        command = " ".join(map(str, containers[0].get("command") or []))
+        at = f"{where}.spec.containers[0].command"
+    else:
+        return problems
+    for read in re.findall(r"(/\S+\.ya?ml)\b", command):
+        directory, key = posixpath.split(read)
+        mounted = mounts.get(directory)
+        if mounted in configmaps and key not in (configmaps[mounted].get("data") or {}):
+            keys = ", ".join(repr(k) for k in configmaps[mounted].get("data") or {})
+            problems.append(
+                f"{label} {at}: reads {read}, but ConfigMap {mounted!r} has no key {key!r} "
+                f"(it has {keys or 'none'})"
+            )
+    return problems
+
+
+def _worker_count_problems(
+    obj: dict[str, Any], label: str, configmaps: dict[Any, dict[str, Any]]
+) -> list[str]:
+    from convoy.k8s.render import pod_range
+
+    pods = dict(_pod_templates(obj))
+    names = {cm for pod in pods.values() for cm in _configmap_mounts(pod).values()}
+    key = PurePosixPath(RECIPE_PATH).name
+    texts = [configmaps[n].get("data", {}).get(key) for n in names if n in configmaps]
+    try:
+        job = recipe_job(str(texts[0])) if texts and texts[0] else None
+    except ConfigError:
+        return []  # reported with the ConfigMap
+    if job is None:
+        return []
+    low, high = pod_range(job)
+    spec = obj.get("spec", {})
+    workers = (
+        f"scaling.num_workers {job.scaling.num_workers} / k8s.workers_per_pod "
+        f"{job.k8s.workers_per_pod}"
+    )
+    if obj["kind"] == "PyTorchJob":
+        replicas = spec.get("pytorchReplicaSpecs", {}).get("Worker", {}).get("replicas")
+        elastic = spec.get("elasticPolicy", {})
+        found = [
+            ("spec.pytorchReplicaSpecs.Worker.replicas", replicas, high),
+            ("spec.elasticPolicy.maxReplicas", elastic.get("maxReplicas", high), high),
+            ("spec.elasticPolicy.minReplicas", elastic.get("minReplicas", low), low),
+        ]
+        return [
+            f"{label} {at}: got {got}; the recipe's {workers} needs {want} worker pod(s)"
+            for at, got, want in found
+            if got != want
+        ]
+    cluster = spec.get("rayClusterSpec", spec) if obj["kind"] == "RayJob" else spec
+    groups = cluster.get("workerGroupSpecs") or []
+    prefix = "spec.rayClusterSpec" if obj["kind"] == "RayJob" else "spec"
+    most = sum(
+        (g.get("maxReplicas", g.get("replicas", 0)) if cluster.get("enableInTreeAutoscaling")
+         else g.get("replicas", 0)) * g.get("numOfHosts", 1)
+        for g in groups
+    )  # fmt: skip
+    if most < high:
+        return [
+            f"{label} {prefix}.workerGroupSpecs: at most {most} worker pod(s); the recipe's "
+            f"{workers} needs {high}, so training would wait for workers forever"
+        ]
+    return []
