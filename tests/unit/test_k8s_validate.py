@@ -543,3 +543,24 @@ def test_no_manifests_and_a_recipe_are_refused():
         "kind: missing; this looks like a recipe, not a manifest; use convoy k8s render RECIPE "
         "(or convoy k8s submit RECIPE)"
     ]
+
+
+def test_a_pytorchjob_is_checked_field_by_field():
+    pytorchjob = rendered(kind="pytorchjob")[1]
+    assert manifest_problems(pytorchjob) == []
+    pytorchjob["spec"]["elasticPolicy"]["maxRestart"] = 1
+    pytorchjob["spec"]["runPolicy"]["backoffLimit"] = "3"
+    pod = pytorchjob["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+    pod["nodeSelectr"] = {}
+    pod["containers"][0]["resources"]["limits"]["cpu"] = "two"
+    problems = manifest_problems(pytorchjob)
+    assert (
+        "spec.elasticPolicy.maxRestart: unknown field (did you mean 'maxRestarts'?)"
+        in (problems[0])
+    )
+    assert "spec.runPolicy.backoffLimit: got '3'; expected an integer" in problems
+    assert any(
+        p.startswith("spec.pytorchReplicaSpecs.Worker.template.spec.nodeSelectr: unknown field")
+        for p in problems
+    )
+    assert any("limits.cpu: got 'two'; expected an integer or a quantity" in p for p in problems)
