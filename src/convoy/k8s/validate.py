@@ -868,7 +868,7 @@ def pytorchjob_field_problems(obj: dict[str, Any]) -> list[str]:
             nested = f"{pattern}.{key}" if pattern else str(key)
             if nested in PYTORCHJOB_FIELDS:
                 walk(child, where, nested)
-            elif nested == "spec.pytorchReplicaSpecs":
+            elif nested == "spec.pytorchReplicaSpecs" and isinstance(child, dict):
                 for role, replica in child.items():
                     walk(replica, f"{where}.{role}", "spec.pytorchReplicaSpecs.*")
                     if isinstance(replica, dict) and isinstance(replica.get("template"), dict):
