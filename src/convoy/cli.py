@@ -344,7 +344,7 @@ def _add_k8s_commands(commands: Any) -> None:
         description="Check every document of a YAML file against the shipped CRD schemas, "
         "their CEL rules, the KubeRay operator's reconcile-time checks and Convoy's pod policy.",
     )
-    validate.add_argument("file", help="a YAML file of manifests")
+    validate.add_argument("file", help="a YAML file of manifests ('-': standard input)")
     submit = actions.add_parser(
         "submit",
         help="validate and create a recipe's (or a manifest file's) objects",
@@ -401,19 +401,48 @@ def _add_k8s_cluster_args(parser: argparse.ArgumentParser, namespace: bool = Tru
     parser.add_argument("--context", help="a context of the kubeconfig")
 
 
+def _read_manifests(path: str) -> list[Any]:
+    """The YAML documents of ``path`` ('-': standard input); one-line errors."""
+    import yaml
+
+    from convoy.k8s import K8sError
+
+    try:
+        if path == "-":
+            text = sys.stdin.read()
+        else:
+            with open(path) as handle:
+                text = handle.read()
+        return [d for d in yaml.safe_load_all(text) if d is not None]
+    except OSError as exc:
+        raise K8sError(f"{path}: cannot read it ({exc.strerror or exc})") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}, column {where.column + 1}" if where else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise K8sError(f"{path}: not valid YAML{line}: {problem}") from None
+
+
 def _k8s_manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Render the recipe, or read a file of manifests (anything with an apiVersion)."""
     import yaml
 
+    from convoy.k8s import K8sError
     from convoy.k8s.render import render
 
-    if args.recipe and not args.override and not args.kind:
+    if args.recipe:
         try:
             with open(args.recipe) as handle:
                 documents = [d for d in yaml.safe_load_all(handle) if d]
         except (OSError, yaml.YAMLError):
             documents = []
         if documents and all(isinstance(d, dict) and "apiVersion" in d for d in documents):
+            if args.override or args.kind:
+                flag = "-o/--override" if args.override else "--kind"
+                raise K8sError(
+                    f"{args.recipe}: a file of rendered manifests; {flag} applies only to a "
+                    "recipe (render the recipe again with it, or edit the manifest)"
+                )
             return documents
     return render(load_job(args.recipe, args.override), args.kind)
 
@@ -429,25 +458,37 @@ def cmd_k8s(args: argparse.Namespace) -> int:
         check_manifests(manifests)
         text = to_yaml(manifests)
         if args.out:
-            with open(args.out, "w") as handle:
-                handle.write(text)
+            try:
+                with open(args.out, "w") as handle:
+                    handle.write(text)
+            except OSError as exc:
+                from convoy.k8s import K8sError
+
+                raise K8sError(
+                    f"--out {args.out}: cannot write it ({exc.strerror or exc})"
+                ) from None
         else:
             print(text, end="")
         return 0
     if args.k8s_command == "validate":
-        import yaml
-
+        from convoy.k8s import K8sError
         from convoy.k8s.validate import check_manifests
 
-        with open(args.file) as handle:
-            manifests = [d for d in yaml.safe_load_all(handle) if d]
+        manifests = _read_manifests(args.file)
+        if not manifests:
+            raise K8sError(f"{args.file}: no manifests (the file holds no YAML documents)")
+        if any(not isinstance(m, dict) for m in manifests):
+            raise K8sError(f"{args.file}: every YAML document must be a mapping (a manifest)")
         check_manifests(manifests)
         print(f"{args.file}: {len(manifests)} manifest(s) valid")
         return 0
     from convoy.k8s.client import BY_KIND, KubeApi
 
     if args.k8s_command == "submit":
+        from convoy.k8s.validate import check_manifests
+
         manifests = _k8s_manifests(args)
+        check_manifests(manifests)  # before connecting: a typo needs no cluster to report
         api = KubeApi.connect(args.kubeconfig, args.context)
         created = control.submit(api, manifests, dry_run=args.dry_run)
         meta = created["metadata"]

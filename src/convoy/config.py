@@ -190,6 +190,70 @@ class TorchrunConfig(Section):
     def _count_as_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
+    @field_validator("nnodes")
+    @classmethod
+    def _count_or_range(cls, value: str) -> str:
+        nodes_range(value)
+        return value
+
+
+def nodes_range(nnodes: str) -> tuple[int, int]:
+    """Parse torchrun's ``"2"`` or ``"1:4"`` into (min, max) nodes."""
+    try:
+        low, _, high = nnodes.partition(":")
+        bounds = int(low), int(high or low)
+    except ValueError:
+        bounds = (0, 0)
+    if not 0 < bounds[0] <= bounds[1]:
+        raise ValueError("expected N or MIN:MAX nodes with 0 < MIN <= MAX")
+    return bounds
+
+
+def torchrun_layout(scaling: ScalingConfig) -> tuple[str, int]:
+    """torchrun's ``--nnodes`` and ``--nproc-per-node`` for ``scaling``.
+
+    Fixed size: ``num_workers`` spread over the node count (or ``nproc_per_node`` each).
+    Elastic ``num_workers: [MIN, MAX]``: torchrun adds and removes whole nodes, so the bounds
+    must be multiples of ``nproc_per_node`` (default 1) and ``--nnodes`` is MIN:MAX nodes.
+    """
+    opts = scaling.torchrun
+    low_nodes, max_nodes = nodes_range(opts.nnodes)
+    if not scaling.elastic:
+        if low_nodes != max_nodes:
+            raise ConfigError(
+                "scaling.torchrun.nnodes",
+                opts.nnodes,
+                "an elastic torchrun run is set with scaling.num_workers: [MIN, MAX] (workers), "
+                "from which --nnodes MIN:MAX follows; give nnodes as a node count here",
+            )
+        workers = scaling.max_workers
+        per_node = opts.nproc_per_node or max(1, workers // max_nodes)
+        if per_node * max_nodes != workers:
+            raise ConfigError(
+                "scaling.num_workers",
+                workers,
+                f"torchrun starts scaling.torchrun.nnodes {max_nodes} x {per_node} worker(s) per "
+                f"node = {per_node * max_nodes}; make them agree",
+            )
+        return opts.nnodes, per_node
+    per_node = opts.nproc_per_node or 1
+    if any(bound % per_node for bound in scaling.worker_bounds):
+        raise ConfigError(
+            "scaling.num_workers",
+            scaling.worker_bounds,
+            f"torchrun adds and removes whole nodes of scaling.torchrun.nproc_per_node="
+            f"{per_node} workers, so both bounds must be multiples of {per_node}",
+        )
+    low, high = (bound // per_node for bound in scaling.worker_bounds)
+    if "nnodes" in opts.model_fields_set and (low_nodes, max_nodes) != (low, high):
+        raise ConfigError(
+            "scaling.torchrun.nnodes",
+            opts.nnodes,
+            f"scaling.num_workers {scaling.worker_bounds} with {per_node} worker(s) per node "
+            f"means --nnodes {low}:{high}; leave nnodes unset or make them agree",
+        )
+    return f"{low}:{high}", per_node
+
 
 class ScalingConfig(Section):
     launcher: Literal["local", "torchrun", "ray"] = "ray"
@@ -223,7 +287,7 @@ class ScalingConfig(Section):
             except (TypeError, ValueError):
                 raise ValueError("expected a count N or a range [MIN, MAX]") from None
             if not 0 < first <= last:
-                raise ValueError(f"a range [MIN, MAX] needs 0 < MIN <= MAX, got [{first}, {last}]")
+                raise ValueError("a range [MIN, MAX] needs 0 < MIN <= MAX")
             return (first, last) if first < last else first
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ValueError("expected a count N or a range [MIN, MAX]")
@@ -369,7 +433,8 @@ class K8sConfig(Section):
     extra_resources: dict[str, str] = Field(default_factory=dict)
     """More limits per worker pod, e.g. ``vpc.amazonaws.com/efa: "4"``."""
     node_selector: dict[str, str] = Field(default_factory=dict)
-    """Node labels every worker pod needs (e.g. ``node.kubernetes.io/instance-type``)."""
+    """Node labels every pod needs: head, workers and the RayJob's submitter alike (e.g.
+    ``node.kubernetes.io/instance-type``); GPU pods also get ``gpu_node_label: gpu_type``."""
     tolerations: list[dict[str, Any]] = Field(default_factory=list)
     """Pod tolerations; GPU pods also get ``{key: <gpu_resource>, operator: Exists}``."""
     pvc: str | None = None
@@ -379,6 +444,9 @@ class K8sConfig(Section):
     pvc_mount_path: str = "/mnt/shared"
     shm_size: str = "2Gi"
     """Size of ``/dev/shm`` (a memory ``emptyDir``: NCCL and DataLoader workers use it)."""
+    tmp_size: str = "4Gi"
+    """Size limit of ``/tmp`` (an ``emptyDir`` on the node's disk: Ray's session directory,
+    logs and spilled objects); a pod that writes more is evicted."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every Ray / PyTorch container (e.g. ``AWS_ENDPOINT_URL``)."""
     env_secrets: list[str] = Field(default_factory=list)
@@ -403,6 +471,19 @@ class K8sConfig(Section):
     """With autoscaling: the cap on worker pods (required)."""
     ray_version: str = "2.60.0"
     """The Ray in the image; token auth needs 2.52 or later."""
+
+    @field_validator("env", "extra_resources", "node_selector", "labels", mode="before")
+    @classmethod
+    def _scalars_as_strings(cls, value: Any) -> Any:
+        """YAML reads ``OMP_NUM_THREADS: 4`` or ``efa: 4`` as a number and ``x: true`` as a
+        bool; these maps hold strings (``"4"``, ``"true"``), so scalars are written out."""
+        if not isinstance(value, dict):
+            return value
+        return {
+            k: ("true" if v else "false") if isinstance(v, bool)
+            else str(v) if isinstance(v, (int, float)) else v
+            for k, v in value.items()
+        }  # fmt: skip
 
 
 class Job(Section):
@@ -442,10 +523,18 @@ class Job(Section):
         return Path(self.run_uri)
 
 
+def world_sizes(scaling: ScalingConfig) -> list[int]:
+    """Every world size a run may have: each size of an elastic range (whole nodes of
+    ``nproc_per_node`` workers under torchrun)."""
+    step = (scaling.torchrun.nproc_per_node or 1) if scaling.launcher == "torchrun" else 1
+    sizes = range(scaling.min_workers, scaling.max_workers + 1)
+    return [n for n in sizes if n % step == 0] or [scaling.max_workers]
+
+
 def check_batch_split(job: Job) -> None:
     """The global batch must split evenly over workers x accumulation at every world size the
-    run may have (each size of an elastic range), so a step's batch never changes."""
-    sizes = range(job.scaling.min_workers, job.scaling.max_workers + 1)
+    run may have (``world_sizes``), so a step's batch never changes."""
+    sizes = world_sizes(job.scaling)
     accum, batch = job.optim.grad_accum_steps, job.data.batch_size
     uneven = [n for n in sizes if batch % (n * accum)]
     if not uneven:
@@ -471,7 +560,10 @@ def check_batch_split(job: Job) -> None:
 def check_job(job: Job) -> None:
     """Checks that need more than one section. Raises ``ConfigError``."""
     workers = job.scaling.max_workers
+    shown = job.scaling.worker_bounds if job.scaling.elastic else workers
     check_batch_split(job)
+    if job.scaling.launcher == "torchrun":
+        torchrun_layout(job.scaling)
     if job.precision == "fp16" and not job.scaling.use_gpu:
         raise ConfigError(
             "precision",
@@ -482,7 +574,7 @@ def check_job(job: Job) -> None:
         raise ConfigError(
             "strategy.name",
             "single",
-            f"'single' trains one worker but scaling.num_workers is {workers}; "
+            f"'single' trains one worker but scaling.num_workers is {shown}; "
             f"use 'ddp', 'fsdp' or 'fsdp2', or set scaling.num_workers=1",
         )
     if job.fault.kind != "none" and job.fault.rank >= workers:
@@ -518,7 +610,7 @@ def check_job(job: Job) -> None:
     if job.scaling.launcher == "local" and workers > 1:
         raise ConfigError(
             "scaling.num_workers",
-            workers,
+            shown,
             "the 'local' launcher runs one in-process worker; use 'torchrun' or 'ray' for more",
         )
 
@@ -571,6 +663,34 @@ def job_from_dict(data: dict[str, Any]) -> Job:
         raise _to_config_error(exc, data) from None
 
 
+class RecipeLoader(yaml.SafeLoader):
+    """YAML without YAML 1.1's base-60 numbers: ``1:4`` is the text "1:4" (an elastic range),
+    not the number 64."""
+
+
+RecipeLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if rx.pattern.find(":[0-5]?[0-9]") < 0]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+for _tag, _pattern in (
+    (
+        "tag:yaml.org,2002:int",
+        r"[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+",
+    ),
+    (
+        "tag:yaml.org,2002:float",
+        r"[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN)",
+    ),
+):
+    RecipeLoader.add_implicit_resolver(_tag, re.compile(f"^(?:{_pattern})$"), list("-+0123456789."))
+
+
+def read_yaml(text: str) -> Any:
+    """Parse recipe or config YAML (``RecipeLoader``)."""
+    return yaml.load(text, Loader=RecipeLoader)
+
+
 def load_job(path: str | Path | None = None, overrides: list[str] | None = None) -> Job:
     """Load a YAML recipe (or the defaults when ``path`` is None) and apply overrides."""
     data: dict[str, Any] = {}
@@ -579,7 +699,7 @@ def load_job(path: str | Path | None = None, overrides: list[str] | None = None)
         if not recipe.is_file():
             raise ConfigError("recipe", str(path), "expected a YAML file that exists")
         try:
-            loaded = yaml.safe_load(recipe.read_text())
+            loaded = read_yaml(recipe.read_text())
         except yaml.YAMLError as exc:
             raise ConfigError("recipe", str(path), f"not valid YAML: {exc}") from None
         if loaded is not None and not isinstance(loaded, dict):

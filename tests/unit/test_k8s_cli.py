@@ -134,3 +134,27 @@ def test_a_missing_or_malformed_kubeconfig_is_one_line(tmp_path, capsys, monkeyp
     err = _error(["k8s", "status", "x"], capsys)
     assert f"kubeconfig KUBECONFIG={broken}: not valid YAML" in err
     assert len(err.splitlines()) == 1
+
+
+def test_an_insecure_kubeconfig_silences_urllib3s_warning(tmp_path):
+    pytest.importorskip("kubernetes")
+    import warnings
+
+    import urllib3
+
+    from convoy.k8s.client import KubeApi
+
+    config = tmp_path / "config"
+    config.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        "clusters: [{name: k, cluster: {server: 'https://127.0.0.1:1', "
+        "insecure-skip-tls-verify: true}}]\n"
+        "users: [{name: u, user: {token: t}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u}}]\n"
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        KubeApi.connect(str(config))
+        warnings.warn("x", urllib3.exceptions.InsecureRequestWarning, stacklevel=1)  # ignored
+        with pytest.raises(UserWarning):
+            warnings.warn("other", UserWarning, stacklevel=1)
