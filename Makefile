@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install run test lint format bench clean
+.PHONY: install run test lint format bench clean envtest-build
 
 install: $(STAMP)
 
@@ -33,8 +33,19 @@ format: install
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 	$(VENV)/bin/ruff format src tests benchmarks examples
 
-## test: lint, then every test tier (unit, distributed, e2e)
-test: install lint
+# The test kube-apiserver (../shared/k8s-envtest) takes minutes to build the first time on a
+# machine; start it first, in the background, so it overlaps install and lint. The k8s tests
+# wait for it on the same lock (and skip, saying why, where it cannot be built).
+ENVTEST ?= ../shared/k8s-envtest
+ENVTEST_LOCK := /tmp/convoy-envtest-build.lock
+
+envtest-build:
+	@if [ -f $(ENVTEST)/build.sh ] && command -v flock >/dev/null; then \
+		(flock $(ENVTEST_LOCK) bash $(ENVTEST)/build.sh >/tmp/convoy-envtest-build.log 2>&1 &); \
+	fi
+
+## test: lint, then every test tier (unit, distributed, e2e, cluster)
+test: envtest-build install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

@@ -25,7 +25,6 @@ from convoy.launchers.ray import (
 from convoy.launchers.torchrun import (
     nnodes_argument,
     node_address,
-    nodes_range,
     procs_per_node,
     torchrun_command,
 )
@@ -95,9 +94,9 @@ def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
         None,
         [
             "scaling.launcher=torchrun",
-            "scaling.num_workers=4",
+            "scaling.num_workers=[2,4]",
+            "scaling.torchrun.nproc_per_node=2",
             "scaling.max_failures=3",
-            "scaling.torchrun.nnodes=1:2",
             "scaling.torchrun.rdzv_endpoint=head:29400",
             "scaling.torchrun.local_addr=10.0.0.5",
             "run.name=exp",
@@ -120,18 +119,24 @@ def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("bad", ["0", "3:2", "x", "1:y"])
 def test_bad_node_range(bad: str) -> None:
-    with pytest.raises(ConfigError, match=r"scaling\.torchrun\.nnodes"):
-        nodes_range(bad)
+    with pytest.raises(ConfigError, match=r"^scaling\.torchrun\.nnodes: got .*0 < MIN <= MAX"):
+        load_job(None, [f"scaling.torchrun.nnodes={bad}"])
 
 
 def test_worker_count_must_spread_over_nodes() -> None:
-    job = load_job(
-        None, ["scaling.num_workers=3", "scaling.torchrun.nnodes=2", "data.batch_size=63"]
-    )
-    with pytest.raises(
-        ConfigError, match=r"node count 2 \(scaling.torchrun.nnodes\) x the workers per node"
-    ):
-        torchrun_command(job, Path("c.yaml"))
+    # Refused when the config is loaded (convoy config show says so too), not at launch.
+    with pytest.raises(ConfigError, match=r"nnodes 2 x 1 worker\(s\) per node = 2; make them"):
+        load_job(
+            None,
+            [
+                "scaling.launcher=torchrun",
+                "scaling.num_workers=3",
+                "scaling.torchrun.nnodes=2",
+                "data.batch_size=63",
+            ],
+        )
+    with pytest.raises(ConfigError, match=r"set with scaling.num_workers: \[MIN, MAX\]"):
+        load_job(None, ["scaling.launcher=torchrun", "scaling.torchrun.nnodes=1:2"])
 
 
 def test_placeable_workers_packs_per_node() -> None:
@@ -287,3 +292,71 @@ def test_lost_nodes_are_read_from_ray_worker_failures() -> None:
     app = RuntimeError("Read error [10.213.2.3]:31971: Connection reset by peer")
     assert lost_nodes({0: app, 1: health, 2: died}) == ["10.213.2.3", "10.213.2.4"]
     assert lost_nodes({0: app}) == []
+
+
+def test_a_range_in_a_recipe_file_is_a_range_not_a_base_60_number(tmp_path: Path) -> None:
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(
+        "scaling:\n  num_workers: 1:2\n  torchrun:\n    nnodes: 2\noptim:\n  lr: 1.5\n"
+    )
+    job = load_job(recipe)
+    assert job.scaling.num_workers == (1, 2) and job.optim.lr == 1.5
+
+
+def test_torchrun_elastic_batch_is_checked_at_whole_nodes_only() -> None:
+    job = load_job(
+        None,
+        [
+            "scaling.launcher=torchrun",
+            "scaling.num_workers=2:4",
+            "scaling.torchrun.nproc_per_node=2",
+            "data.batch_size=32",
+        ],
+    )
+    assert procs_per_node(job) == 2 and nnodes_argument(job) == "1:2"  # sizes 2 and 4, not 3
+
+
+def test_an_elastic_range_is_shown_as_a_range_where_it_cannot_be() -> None:
+    with pytest.raises(ConfigError, match=r"scaling.num_workers is \[1, 2\]"):
+        load_job(None, ["scaling.num_workers=1:2", "strategy.name=single"])
+
+
+@pytest.mark.parametrize(
+    ("address", "expected"),
+    [
+        ("http://127.0.0.1:8265", r"a URL .*host:6379"),
+        ("ftp://x:1", r"expected host:port"),
+        ("127.0.0.1", r"expected host:port of the Ray head \(the GCS port"),
+        ("ray://127.0.0.1:{port}", r"nothing accepts connections"),
+    ],
+)
+def test_ray_address_mistakes_are_named(address: str, expected: str) -> None:
+    from convoy.errors import LaunchError
+    from convoy.launchers.ray import check_reachable
+
+    with pytest.raises(LaunchError, match=expected):
+        check_reachable(address.format(port=free_port()))
+
+
+def test_a_port_that_is_not_a_ray_gcs_is_named_within_the_probe_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import socket
+    import threading
+
+    from convoy.errors import LaunchError
+    from convoy.launchers import ray as ray_launcher
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    accepted: list[socket.socket] = []  # accept and stay silent, like a non-gRPC service
+    threading.Thread(target=lambda: accepted.append(server.accept()[0]), daemon=True).start()
+    monkeypatch.setattr(ray_launcher, "GCS_PROBE_TIMEOUT_S", 2.0)
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
+    try:
+        with pytest.raises(
+            LaunchError, match=r"does not answer as a Ray GCS.*8265 is the dashboard"
+        ):
+            ray_launcher.check_reachable(f"127.0.0.1:{port}")
+    finally:
+        server.close()

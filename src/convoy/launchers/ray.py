@@ -16,6 +16,8 @@ import math
 import os
 import re
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +39,7 @@ class RayCluster:
 
     @classmethod
     def from_env(cls) -> RayCluster:
-        return cls(address=os.environ.get("RAY_ADDRESS") or None)
+        return cls(address=os.environ.get("RAY_ADDRESS", "").strip() or None)
 
 
 def import_ray() -> Any:
@@ -142,7 +144,13 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     if cluster.address:
         check_reachable(cluster.address)
         quiet_ray_loggers()
-        ray.init(address=cluster.address, logging_config=ray.LoggingConfig(log_level="ERROR"))
+        try:
+            ray.init(address=cluster.address, logging_config=ray.LoggingConfig(log_level="ERROR"))
+        except ConnectionError as exc:
+            raise LaunchError(
+                f"RAY_ADDRESS: could not join the Ray cluster at {cluster.address}: "
+                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+            ) from None
         return True
     running = running_local_cluster()
     if running:
@@ -174,26 +182,40 @@ def check_reachable(address: str) -> None:
     """Fail in seconds, with the fix, when ``RAY_ADDRESS`` cannot be joined.
 
     ``ray.init`` would retry for about 20 s, printing a line a second, both when nothing
-    listens there and when the cluster wants a token this machine lacks. A cluster started
-    with token auth is joined like ``ray.init("auto")`` does: token mode is turned on when
-    a token is available (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``).
+    listens there and when the cluster wants a token this machine lacks, and for longer when
+    something else answers (the dashboard's port). A cluster started with token auth is
+    joined like ``ray.init("auto")`` does: token mode is turned on when a token is available
+    (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH``, ``~/.ray/auth_token``).
     """
-    if address.startswith("ray://"):
-        return  # Ray Client: its own handshake, with its own timeout
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():
+    if address == "auto":
+        return  # Ray's own discovery of a cluster on this machine
+    scheme, _, rest = address.rpartition("://")
+    if scheme in ("http", "https"):
+        raise LaunchError(
+            f"RAY_ADDRESS: got {address!r}, a URL (the dashboard's, for `ray job submit`); "
+            "training joins the cluster's GCS: host:6379 as `ray start --head` prints it"
+        )
+    if scheme not in ("", "ray"):
         raise LaunchError(f"RAY_ADDRESS: got {address!r}; expected host:port of the Ray head")
+    host, _, port = rest.rpartition(":")
+    if not host or not port.isdigit():
+        raise LaunchError(
+            f"RAY_ADDRESS: got {address!r}; expected host:port of the Ray head (the GCS port, "
+            "6379 unless `ray start --head --port` said otherwise)"
+        )
     try:
         socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
     except OSError as exc:
         raise LaunchError(
-            f"RAY_ADDRESS: nothing accepts connections at {address} ({exc.strerror or exc}); "
-            f"start the head there (ray start --head --port {port}) or unset RAY_ADDRESS to "
-            "train on an embedded local Ray"
+            f"RAY_ADDRESS: nothing accepts connections at {host}:{port} "
+            f"({exc.strerror or exc}); start the head there (ray start --head --port {port}) "
+            "or unset RAY_ADDRESS to train on an embedded local Ray"
         ) from None
+    if scheme == "ray":
+        return  # Ray Client's server: its own handshake
     if not os.environ.get("RAY_AUTH_MODE") and token_available():
         os.environ["RAY_AUTH_MODE"] = "token"
-    _check_token(address)
+    probe_gcs(address)
 
 
 def token_available() -> bool:
@@ -203,20 +225,43 @@ def token_available() -> bool:
     return (Path.home() / ".ray" / "auth_token").is_file()
 
 
-def _check_token(address: str) -> None:
-    from ray._raylet import GcsClient  # type: ignore[attr-defined]
-    from ray.exceptions import AuthenticationError
+# How long a GCS may take to answer the probe; a real one answers in milliseconds.
+GCS_PROBE_TIMEOUT_S = 10.0
 
-    try:
-        GcsClient(address=address)
-    except AuthenticationError:
+
+def probe_gcs(address: str) -> None:
+    """Check that a Ray GCS answers at ``address`` and accepts this machine's token."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            GcsClient(address=address)
+            outcome.append(None)
+        except BaseException as exc:  # reported in the caller's thread
+            outcome.append(exc)
+
+    # The client blocks for up to ~40 s on a port that is not a GCS: wait in a daemon thread.
+    probe = threading.Thread(target=connect, name="convoy-gcs-probe", daemon=True)
+    probe.start()
+    probe.join(GCS_PROBE_TIMEOUT_S)
+    error = outcome[0] if outcome else TimeoutError()
+    if error is None:
+        return
+    if type(error).__name__ == "AuthenticationError":
         mode = os.environ.get("RAY_AUTH_MODE") or "unset"
         raise LaunchError(
             f"RAY_ADDRESS: the Ray cluster at {address} uses token authentication and refused "
             f"this machine's token (RAY_AUTH_MODE is {mode}); set RAY_AUTH_TOKEN to the "
             "cluster's token (the head's ~/.ray/auth_token) or RAY_AUTH_TOKEN_PATH to a file "
             "holding it, and RAY_AUTH_MODE=token"
-        ) from None
+        )
+    raise LaunchError(
+        f"RAY_ADDRESS: something at {address} accepts connections but does not answer as a Ray "
+        f"GCS ({type(error).__name__}); give the head's GCS port (6379 unless `ray start --head "
+        "--port` said otherwise; 8265 is the dashboard)"
+    )
 
 
 def checkpoint_config(job: Job) -> Any:
@@ -325,10 +370,18 @@ class RayLauncher(Launcher):
 
     def start(self, job: Job) -> RunResult:
         ray = import_ray()
+        # A cluster Convoy did not start can gain nodes while an elastic run grows onto them.
+        shared_cluster = bool(self.cluster.address) or (
+            not ray.is_initialized() and running_local_cluster() is not None
+        )
         started = ensure_ray(ray, self.cluster)
         try:
             nodes = alive_node_resources(ray)
             hosts = len(worker_nodes(job, nodes))
+            if job.scaling.elastic and shared_cluster:
+                check_shared_storage(
+                    job, max(hosts, 2), "an elastic run grows onto nodes that join"
+                )
             check_shared_storage(job, hosts, f"this Ray cluster has {hosts} that can host them")
             job = reserve_data_cpus(job, nodes)
             check_cluster_resources(job, nodes)
@@ -351,12 +404,11 @@ def _fit(trainer: Any, job: Job) -> Any:
             cause = _convoy_cause(failure)
             if cause is not None:
                 raise cause from None
-        lost = lost_nodes(failures)
+        lost = dead_nodes(lost_nodes(failures))
         if lost:
             raise LaunchError(
-                f"Ray Train run failed: lost node {', '.join(lost)} (its workers stopped answering: "
-                f"the node or its raylet died); "
-                f"{resume_hint(job)}"
+                f"Ray Train run failed: lost node {', '.join(lost)} (its workers stopped answering "
+                f"and Ray marked the node dead); {resume_hint(job)}"
             ) from None
         raise LaunchError(f"Ray Train run failed: {exc}") from None
 
@@ -380,6 +432,28 @@ def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
             if address not in lost:
                 lost.append(address)
     return lost
+
+
+# Ray's GCS marks a node dead after missed health checks (5 x 3 s by default).
+NODE_DEATH_WAIT_S = 20.0
+
+
+def dead_nodes(candidates: list[str], timeout: float = NODE_DEATH_WAIT_S) -> list[str]:
+    """Those of ``candidates`` (node IPs) that Ray marks dead within ``timeout``.
+
+    A worker that stops answering may have died alone (a crash, an OOM kill) on a live node;
+    only the GCS knows whether the node itself is gone.
+    """
+    import ray
+
+    deadline = time.monotonic() + timeout
+    while candidates:
+        alive = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
+        dead = [ip for ip in candidates if ip not in alive]
+        if dead or time.monotonic() > deadline:
+            return dead
+        time.sleep(0.5)
+    return []
 
 
 def resume_hint(job: Job) -> str:

@@ -17,7 +17,7 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from convoy.config import Job, job_to_yaml, load_job
+from convoy.config import Job, job_to_yaml, load_job, nodes_range, torchrun_layout
 from convoy.distributed import WorkerContext, exit_without_teardown, free_port
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import (
@@ -31,67 +31,14 @@ from convoy.network import address_towards, interface_with_address, socket_inter
 from convoy.outputs import CONFIG_FILE, read_summary, write_config
 
 
-def nodes_range(nnodes: str) -> tuple[int, int]:
-    """Parse ``"2"`` or ``"1:4"`` into (min, max) nodes."""
-    try:
-        low, _, high = nnodes.partition(":")
-        bounds = int(low), int(high or low)
-    except ValueError:
-        bounds = (0, 0)
-    if not 0 < bounds[0] <= bounds[1]:
-        raise ConfigError(
-            "scaling.torchrun.nnodes", nnodes, "expected N or MIN:MAX with 0 < MIN <= MAX"
-        )
-    return bounds
-
-
 def procs_per_node(job: Job) -> int:
-    """Workers per node.
-
-    Fixed size: ``scaling.num_workers`` spread over the (maximum) node count, or
-    ``scaling.torchrun.nproc_per_node``. Elastic ``num_workers: [MIN, MAX]``: torchrun adds
-    and removes whole nodes, so the bounds must be multiples of ``nproc_per_node`` (default 1).
-    """
-    scaling, opts = job.scaling, job.scaling.torchrun
-    if scaling.elastic:
-        per_node = opts.nproc_per_node or 1
-        if any(bound % per_node for bound in scaling.worker_bounds):
-            raise ConfigError(
-                "scaling.num_workers",
-                scaling.worker_bounds,
-                f"torchrun adds and removes whole nodes of scaling.torchrun.nproc_per_node="
-                f"{per_node} workers, so both bounds must be multiples of {per_node}",
-            )
-        return per_node
-    _, max_nodes = nodes_range(opts.nnodes)
-    workers = scaling.max_workers
-    per_node = opts.nproc_per_node or workers // max_nodes
-    if per_node * max_nodes != workers:
-        raise ConfigError(
-            "scaling.num_workers",
-            workers,
-            f"must be the node count {max_nodes} (scaling.torchrun.nnodes) x the workers per "
-            f"node{f' {opts.nproc_per_node} (scaling.torchrun.nproc_per_node)' if opts.nproc_per_node else ''}",
-        )
-    return per_node
+    """Workers per node (``convoy.config.torchrun_layout``)."""
+    return torchrun_layout(job.scaling)[1]
 
 
 def nnodes_argument(job: Job) -> str:
     """torchrun's ``--nnodes``: the configured count, or MIN:MAX nodes of an elastic range."""
-    opts = job.scaling.torchrun
-    if not job.scaling.elastic:
-        return opts.nnodes
-    per_node = procs_per_node(job)
-    low, high = (bound // per_node for bound in job.scaling.worker_bounds)
-    derived = f"{low}:{high}"
-    if "nnodes" in opts.model_fields_set and nodes_range(opts.nnodes) != (low, high):
-        raise ConfigError(
-            "scaling.torchrun.nnodes",
-            opts.nnodes,
-            f"scaling.num_workers {job.scaling.worker_bounds} with {per_node} worker(s) per node "
-            f"means --nnodes {derived}; leave nnodes unset or make them agree",
-        )
-    return derived
+    return torchrun_layout(job.scaling)[0]
 
 
 def rendezvous_endpoint(job: Job) -> str:

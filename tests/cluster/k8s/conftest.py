@@ -56,6 +56,9 @@ class Envtest:
         )
 
 
+BUILD_LOCK = "/tmp/convoy-envtest-build.lock"  # the Makefile's ENVTEST_LOCK
+
+
 def _skip(reason: str) -> None:
     print(f"\nk8s-envtest: skipping: {reason}", file=sys.stderr)
     pytest.skip(reason)
@@ -66,8 +69,10 @@ def _build() -> None:
     if not build.exists():
         _skip(f"no k8s-envtest scripts at {ENVTEST_SCRIPTS} (set CONVOY_ENVTEST_SCRIPTS)")
     try:
+        # `make test` may have started the build in the background: wait on its lock.
+        lock = ["flock", BUILD_LOCK] if shutil.which("flock") else []
         done = subprocess.run(
-            ["bash", str(build)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
+            [*lock, "bash", str(build)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
         _skip(f"k8s-envtest build.sh did not finish in {BUILD_TIMEOUT_S} s")
