@@ -187,7 +187,8 @@ def test_torchrun_loses_a_node_and_finishes_on_the_other(
         "scaling.max_failures=1",
     )
     survivor, victim = (
-        Driver(host, args, tmp_path / f"{host.name}.log") for host in (head, worker)
+        Driver(host, ["taskset", "-c", str(i % CORES), *args], tmp_path / f"{host.name}.log")
+        for i, host in enumerate((head, worker))
     )
     survivor.wait_for(lambda: bool(committed(run_dir)), timeout=240)
     saved = committed(run_dir)[-1].parent.name
@@ -197,6 +198,7 @@ def test_torchrun_loses_a_node_and_finishes_on_the_other(
     assert survivor.wait(timeout=300) == 0, survivor.output[-5000:]
     output = survivor.output
     assert f"convoy: resumed from {saved}" in output, output[-3000:]
+    print(f"\n{next(line for line in output.splitlines() if 'convoy: resumed from' in line)}")
     summary = summary_of(run_dir)
     assert summary["world_size"] == 1
     assert summary["metrics"]["test/acc"] > 0.2
@@ -215,6 +217,7 @@ def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
     output = driver.output
     errors = [line for line in output.splitlines() if line.startswith("convoy: error:")]
     assert len(errors) == 1, output[-4000:]
+    print(f"\n{errors[0]}")
     assert f"lost node {worker.ip}" in errors[0], output[-5000:]
     assert "resumes when you run 'lost' again" in errors[0]
     saved = committed(run_dir)[-1].parent.name
@@ -224,6 +227,7 @@ def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
     output = again.stdout + again.stderr
     assert again.returncode == 0, output[-4000:]
     assert f"convoy: resumed from {saved}" in output, output[-3000:]
+    print(next(line for line in output.splitlines() if "convoy: resumed from" in line))
     assert summary_of(run_dir)["world_size"] == 1
 
 
@@ -246,6 +250,7 @@ def test_an_elastic_run_continues_on_the_nodes_left(
     assert driver.wait(timeout=400) == 0, driver.output[-5000:]
     output = driver.output
     assert "convoy: resumed from step_" in output, output[-3000:]
+    print("\n" + "\n".join(line for line in output.splitlines() if "resumed from" in line))
     summary = summary_of(run_dir)
     assert summary["world_size"] == 1
     assert summary["metrics"]["test/acc"] > 0.2  # it trained on, 3 epochs in all
