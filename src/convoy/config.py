@@ -245,7 +245,8 @@ def torchrun_layout(scaling: ScalingConfig) -> tuple[str, int]:
             f"{per_node} workers, so both bounds must be multiples of {per_node}",
         )
     low, high = (bound // per_node for bound in scaling.worker_bounds)
-    if "nnodes" in opts.model_fields_set and (low_nodes, max_nodes) != (low, high):
+    # The default "1" (also what a saved config.yaml carries) defers to the range.
+    if (low_nodes, max_nodes) not in ((1, 1), (low, high)):
         raise ConfigError(
             "scaling.torchrun.nnodes",
             opts.nnodes,

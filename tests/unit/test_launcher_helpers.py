@@ -360,3 +360,12 @@ def test_a_port_that_is_not_a_ray_gcs_is_named_within_the_probe_timeout(
             ray_launcher.check_reachable(f"127.0.0.1:{port}")
     finally:
         server.close()
+
+
+def test_an_elastic_torchrun_config_survives_its_own_saved_yaml(tmp_path: Path) -> None:
+    from convoy.config import job_to_yaml
+
+    job = load_job(None, ["scaling.launcher=torchrun", "scaling.num_workers=[1,2]"])
+    saved = tmp_path / "config.yaml"  # what the workers load
+    saved.write_text(job_to_yaml(job))
+    assert nnodes_argument(load_job(saved)) == "1:2"
