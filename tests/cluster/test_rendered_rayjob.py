@@ -28,10 +28,11 @@ What stands in for what cannot exist here:
 * The cluster DNS: the machine's nameserver is out of the hosts' reach, so each reverse
   lookup (c10d makes some as the process group forms) waits out glibc's timeout, 10 s;
   ``RES_OPTIONS=timeout:1 attempts:1`` in every container's environment cuts that to 1 s.
-* The PVC: ``k8s.pvc_mount_path`` is a directory under this test's tmp dir, which every host
-  sees, so the rendered ``run.storage_dir`` is used as it is.
+* The PVC, mounted at ``/mnt/convoy-shared`` in the pods: a directory under this test's tmp
+  dir, which every host sees; the recipe's ``run.storage_dir`` is rewritten to it (the
+  renderer refuses a mount under ``/tmp``, the pods' own emptyDir).
 * The recipe ConfigMap mounted at ``/etc/convoy``: its files are written under the tmp dir
-  and the entrypoint's paths rewritten to them (the recipe itself is not changed).
+  and the entrypoint's paths rewritten to them.
 * The submitter pod (``ray job submit`` to the head's dashboard): the entrypoint runs
   directly as a driver on h0, with the head container's environment and ``RAY_ADDRESS`` set
   to the GCS address, as Ray's job supervisor sets it.
@@ -63,15 +64,16 @@ VENV_BIN = Path(sys.executable).parent  # not resolved: the venv's bin, with ray
 GCS_PORT = 6379
 CONVOY = [sys.executable, "-m", "convoy"]
 RUN_NAME = "rendered-rayjob"
+POD_SHARED = "/mnt/convoy-shared"  # where the rendered pods mount the PVC
 STARTED = "This command will now block forever"  # `ray start --block`, once the node is up
 
 
-def render_rayjob(shared: Path) -> list[dict]:
+def render_rayjob() -> list[dict]:
     """``convoy k8s render`` as a user runs it (it also checks the manifests)."""
     overrides = [
         "k8s.image=registry.example.com/convoy:0.1.0",
         "k8s.pvc=convoy-runs",
-        f"k8s.pvc_mount_path={shared}",
+        f"k8s.pvc_mount_path={POD_SHARED}",
         f"run.name={RUN_NAME}",
         "run.epochs=1",
         "run.progress=plain",
@@ -134,7 +136,7 @@ def test_a_rendered_rayjob_runs_on_test_hosts(
 ) -> None:
     began = time.monotonic()
     head, *workers = make_test_hosts(3)
-    manifests = render_rayjob(tmp_path / "shared")
+    manifests = render_rayjob()
     cluster = manifests[-1]["spec"]["rayClusterSpec"]
     assert cluster["rayVersion"] == version("ray")  # the "image" runs the Ray it names
     plan = ray_start_commands(manifests, head.ip, ray_nodes.token, gcs_port=GCS_PORT)
@@ -151,12 +153,14 @@ def test_a_rendered_rayjob_runs_on_test_hosts(
         wait_started(ray_nodes, host, process, head.ip, ray_nodes.token)
     up = time.monotonic()
 
-    # The ConfigMap's files, at tmp paths: the entrypoint's pod paths are rewritten to them.
+    # The ConfigMap's files, at tmp paths: the entrypoint's pod paths are rewritten to them,
+    # and the PVC's mount path in the recipe (run.storage_dir) to a tmp directory.
     entrypoint = plan.entrypoint
     for pod_path, text in plan.files.items():
         local = tmp_path / "configmap" / PurePosixPath(pod_path).relative_to(RECIPE_DIR)
         local.parent.mkdir(parents=True, exist_ok=True)
-        local.write_text(text)
+        assert f"storage_dir: {POD_SHARED}/" in text
+        local.write_text(text.replace(POD_SHARED, str(tmp_path / "shared")))
         assert pod_path in entrypoint, (pod_path, entrypoint)
         entrypoint = entrypoint.replace(pod_path, str(local))
 
