@@ -264,7 +264,7 @@ def test_an_elastic_run_grows_when_a_node_joins(
     args = train_args(
         tmp_path,
         "grow",
-        "run.epochs=25",
+        "run.epochs=200",  # never reached: the test ends once the run has grown
         "checkpoint.every_steps=20",
         "scaling.num_workers=[1,2]",
         "scaling.elastic_monitor_interval_s=2",
