@@ -383,11 +383,10 @@ class RayLauncher(Launcher):
         try:
             nodes = alive_node_resources(ray)
             hosts = len(worker_nodes(job, nodes))
-            if job.scaling.elastic and shared_cluster:
-                check_shared_storage(
-                    job, max(hosts, 2), "an elastic run grows onto nodes that join"
-                )
-            check_shared_storage(job, hosts, f"this Ray cluster has {hosts} that can host them")
+            where = f"this Ray cluster has {hosts} that can host them"
+            if job.scaling.elastic and shared_cluster and hosts < 2:
+                hosts, where = 2, "an elastic run grows onto nodes that join"
+            check_shared_storage(job, hosts, where)
             job = reserve_data_cpus(job, nodes)
             check_cluster_resources(job, nodes)
             storage = write_config(job)
