@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import random
 import resource
 import socket
 import sys
@@ -48,8 +49,42 @@ class WorkerContext:
         return self.rank == 0
 
 
+# Ray's worker processes take ports 10002-19999 by default; stay above them.
+_LOWEST_CHOSEN_PORT = 20000
+
+
+def ephemeral_port_range() -> tuple[int, int]:
+    """The kernel's range of ports for outgoing connections (Linux; IANA's elsewhere)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 49152, 65535
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
 def free_port() -> int:
-    """A TCP port on loopback that is free right now."""
+    """A TCP port on loopback that is free now and outside the kernel's ephemeral range.
+
+    A port the kernel hands out for ``bind(0)`` is an ephemeral one, which any outgoing
+    connection may take between this call and the bind that uses it; then that bind fails
+    and the other ranks wait for a store that never comes up. Outside the range only
+    another explicit bind can race us.
+    """
+    low, high = ephemeral_port_range()
+    candidates = [p for p in range(_LOWEST_CHOSEN_PORT, 65536) if not low <= p <= high]
+    # Its own generator: the global one may be seeded for training and must not be moved.
+    for port in random.SystemRandom().sample(candidates, min(64, len(candidates))):
+        if _bindable(port):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])

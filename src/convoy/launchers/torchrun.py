@@ -18,7 +18,7 @@ import traceback
 from pathlib import Path
 
 from convoy.config import Job, job_to_yaml, load_job, nodes_range, torchrun_layout
-from convoy.distributed import WorkerContext, exit_without_teardown, free_port
+from convoy.distributed import WorkerContext, exit_without_teardown
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import (
     Launcher,
@@ -42,8 +42,13 @@ def nnodes_argument(job: Job) -> str:
 
 
 def rendezvous_endpoint(job: Job) -> str:
-    """host:port of the rendezvous: the configured one, or a free port on loopback."""
-    return job.scaling.torchrun.rdzv_endpoint or f"127.0.0.1:{free_port()}"
+    """host:port of the rendezvous: the configured one, or loopback port 0 (as ``--standalone``).
+
+    Port 0 lets the c10d store bind a port the kernel picks; a port chosen beforehand could be
+    taken by another socket before torchrun binds it, and then every agent waits a minute for
+    a store nobody hosts.
+    """
+    return job.scaling.torchrun.rdzv_endpoint or "127.0.0.1:0"
 
 
 def node_address(job: Job, endpoint: str) -> str | None:
