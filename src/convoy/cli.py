@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from convoy.commands import add_parsers as add_command_parsers
 from convoy.config import Job, job_to_yaml, load_job
 from convoy.engine.progress import PERCENT_METRICS
 from convoy.errors import ConvoyError
@@ -116,6 +117,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _add_data_commands(commands)
     _add_k8s_commands(commands)
+    add_command_parsers(commands)
     return parser
 
 
@@ -545,7 +547,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "data": cmd_data,
         "k8s": cmd_k8s,
     }
-    handler = cmd_config_show if args.command == "config" else handlers[args.command]
+    handler = getattr(args, "handler", None) or (
+        cmd_config_show if args.command == "config" else handlers[args.command]
+    )
     try:
         return handler(args)
     except ConvoyError as exc:
