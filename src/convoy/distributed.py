@@ -12,7 +12,8 @@ import random
 import resource
 import socket
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
@@ -113,6 +114,20 @@ def join_process_group(ctx: WorkerContext, timeout_s: float) -> bool:
         timeout=timeout,
     )
     return True
+
+
+@contextmanager
+def process_group(ctx: WorkerContext, timeout_s: float, needed: bool = True) -> Iterator[None]:
+    """Join the process group for the body (when ``needed``); leave it only if we made it.
+
+    Under Ray Train the group exists before the entry runs and stays Ray's to destroy.
+    """
+    created = join_process_group(ctx, timeout_s) if needed else False
+    try:
+        yield
+    finally:
+        if created:
+            dist.destroy_process_group()
 
 
 def _namespaced_env_store(ctx: WorkerContext, timeout: datetime.timedelta) -> dist.Store:

@@ -9,6 +9,7 @@ code 1, which ``torch.multiprocessing`` reports as a ``ProcessExitedException``.
 
 from __future__ import annotations
 
+import os
 import pickle
 import tempfile
 import traceback
@@ -54,6 +55,21 @@ def train_on_rank(ctx: WorkerContext, job: Job) -> dict[str, Any]:
     from convoy.engine.loop import train
 
     return train(job, ctx)
+
+
+def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
+    """A worker entry (``WorkerEntry("convoy.testing:rank_census", {"tag": ...})``) for
+    launcher tests: every rank's identity, gathered over the real process group; rank 0
+    writes it as the run's summary."""
+    from convoy.distributed import all_gather_objects, process_group
+    from convoy.outputs import RunOutputs
+    from convoy.storage import RunStorage
+
+    with process_group(ctx, job.run.collective_timeout_s):
+        me = {"rank": ctx.rank, "world_size": ctx.world_size, "tag": tag, "pid": os.getpid()}
+        summary = {"ranks": all_gather_objects(me)}
+    RunOutputs(RunStorage.at(job.run_uri), ctx.is_main).write_summary(summary)
+    return summary
 
 
 def run_on_gloo(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:

@@ -11,6 +11,8 @@ import convoy
 from convoy.checkpoint import committed_checkpoints, partial_checkpoints
 from convoy.config import load_job
 from convoy.errors import ResourceError
+from convoy.launchers import get_launcher
+from convoy.launchers.base import WorkerEntry
 from convoy.outputs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_metrics
 
 pytestmark = pytest.mark.e2e
@@ -86,3 +88,33 @@ def test_ray_run_with_the_same_name_resumes(tmp_path: Path, ray_session) -> None
     assert second.summary["steps"] == 390  # 2 more epochs of 39 steps, not 10
     epochs = [r["epoch"] for r in read_metrics(second.run_dir) if r["kind"] == "epoch"]
     assert epochs == [*range(1, 9), 9, 10]  # metrics.jsonl keeps the first run's records
+
+
+def census_entry(tag: str) -> WorkerEntry:
+    return WorkerEntry("convoy.testing:rank_census", {"tag": tag}, preflight=False)
+
+
+def assert_census(result: convoy.launchers.RunResult, world_size: int, tag: str) -> None:  # type: ignore[name-defined]
+    ranks = result.summary["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(world_size))
+    assert {r["world_size"] for r in ranks} == {world_size}
+    assert {r["tag"] for r in ranks} == {tag}
+    assert len({r["pid"] for r in ranks}) == world_size  # one process per rank
+    assert json.loads((result.run_dir / SUMMARY_FILE).read_text()) == result.summary
+
+
+@pytest.mark.parametrize("launcher", ["local", "torchrun"])
+def test_launchers_run_any_worker_entry(tmp_path: Path, launcher: str) -> None:
+    workers = 1 if launcher == "local" else 2
+    job = recipe_job(tmp_path, f"scaling.launcher={launcher}", f"scaling.num_workers={workers}")
+    result = get_launcher(launcher).launch(job, census_entry(launcher))
+    assert_census(result, workers, launcher)
+    assert not (result.run_dir / METRICS_FILE).exists()  # the engine did not run
+
+
+@pytest.mark.ray
+def test_ray_runs_any_worker_entry(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+    job = recipe_job(
+        tmp_path, "scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5"
+    )
+    assert_census(get_launcher("ray").launch(job, census_entry("ray")), 2, "ray")

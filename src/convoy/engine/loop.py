@@ -18,7 +18,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from convoy.batches import move_to
@@ -37,8 +36,8 @@ from convoy.distributed import (
     WorkerContext,
     all_gather_objects,
     all_reduce_sum,
-    join_process_group,
     peak_memory_bytes,
+    process_group,
     worker_threads,
 )
 from convoy.engine.amp import Precision
@@ -142,14 +141,9 @@ def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
     """Train ``job`` on this worker and return the run summary (same on every rank)."""
     torch.set_num_threads(job.scaling.threads_per_worker or worker_threads(ctx))
     strategy = build_strategy(job.strategy, ctx.device, dtype_from_name(job.precision))
-    created_group = False
-    if strategy.requires_process_group or ctx.world_size > 1:
-        created_group = join_process_group(ctx, job.run.collective_timeout_s)
-    try:
+    needed = strategy.requires_process_group or ctx.world_size > 1
+    with process_group(ctx, job.run.collective_timeout_s, needed):
         return _train(job, ctx, strategy)
-    finally:
-        if created_group:
-            dist.destroy_process_group()
 
 
 def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:

@@ -7,17 +7,20 @@ that can be checked before a worker starts (GPUs, cluster resources) is checked 
 
 from __future__ import annotations
 
+import importlib
 import re
 import secrets
 import time
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
 
 from convoy.config import Job
+from convoy.distributed import WorkerContext
 from convoy.errors import ConfigError, ResourceError
 from convoy.storage import is_remote
 
@@ -38,19 +41,58 @@ class RunResult:
         return Path(self.run_uri)
 
 
+@dataclass(frozen=True)
+class WorkerEntry:
+    """What every worker runs: ``target(job, ctx, **kwargs)``, by import path.
+
+    The default is the training engine. Benchmarks name their own function, so they run on
+    exactly the workers, process groups and nodes a training run gets. The target returns
+    the run's summary; rank 0 writes it to ``summary.json`` (``RunOutputs.write_summary``),
+    which is what ``RunResult.summary`` holds. ``kwargs`` must be JSON values: torchrun's
+    workers receive them on their command line, Ray's in the train loop config.
+    """
+
+    target: str = "convoy.engine.loop:train"
+    """``package.module:function``."""
+    kwargs: dict[str, Any] = field(default_factory=dict)
+    preflight: bool = True
+    """Check the job's task, model and data before launching (an entry that uses none of
+    them, such as the all-reduce benchmark, skips it)."""
+
+    def function(self) -> Callable[..., dict[str, Any]]:
+        module, _, name = self.target.partition(":")
+        function: Callable[..., dict[str, Any]] = getattr(importlib.import_module(module), name)
+        return function
+
+    def run(self, job: Job, ctx: WorkerContext) -> dict[str, Any]:
+        """Run the target on this worker; returns its summary."""
+        return self.function()(job, ctx, **self.kwargs)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"target": self.target, "kwargs": self.kwargs, "preflight": self.preflight}
+
+    @classmethod
+    def from_dict(cls, value: dict[str, Any]) -> WorkerEntry:
+        return cls(**value)
+
+
+TRAIN = WorkerEntry()
+
+
 class Launcher(ABC):
     name: ClassVar[str]
 
-    def launch(self, job: Job) -> RunResult:
-        """Check ``job`` (``convoy.preflight``), fix its run directory, and run it to
-        completion on this launcher's workers."""
+    def launch(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
+        """Check ``job`` (``convoy.preflight``), fix its run directory, and run ``entry``
+        (the training engine unless told otherwise) to completion on this launcher's workers."""
         from convoy.preflight import preflight
 
-        return self.start(resolve_run(preflight(job)))
+        checked = preflight(job) if entry.preflight else job
+        return self.start(resolve_run(checked), entry)
 
     @abstractmethod
-    def start(self, job: Job) -> RunResult:
-        """Run a checked job whose run directory is resolved (``resolve_run``)."""
+    def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
+        """Run ``entry`` for a checked job whose run directory is resolved (``resolve_run``)."""
 
 
 def resolve_run(job: Job) -> Job:

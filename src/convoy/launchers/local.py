@@ -8,18 +8,24 @@ from __future__ import annotations
 
 from convoy.config import Job
 from convoy.distributed import WorkerContext, free_port
-from convoy.engine.loop import train
-from convoy.launchers.base import Launcher, RunResult, check_local_gpus, local_device
+from convoy.launchers.base import (
+    TRAIN,
+    Launcher,
+    RunResult,
+    WorkerEntry,
+    check_local_gpus,
+    local_device,
+)
 from convoy.outputs import write_config
 
 
 class LocalLauncher(Launcher):
     name = "local"
 
-    def start(self, job: Job) -> RunResult:
+    def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         check_local_gpus(job, workers_on_this_node=1)
         storage = write_config(job)
         ctx = WorkerContext(
             device=local_device(job, 0), init_method=f"tcp://127.0.0.1:{free_port()}"
         )
-        return RunResult(storage.uri, train(job, ctx))
+        return RunResult(storage.uri, entry.run(job, ctx))

@@ -27,7 +27,13 @@ import torch
 from convoy.config import Job, job_from_dict
 from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError, LaunchError, ResourceError
-from convoy.launchers.base import Launcher, RunResult, check_shared_storage
+from convoy.launchers.base import (
+    TRAIN,
+    Launcher,
+    RunResult,
+    WorkerEntry,
+    check_shared_storage,
+)
 from convoy.outputs import read_summary, write_config
 
 
@@ -322,14 +328,14 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     return job.model_copy(update={"scaling": scaling})
 
 
-def build_trainer(job: Job) -> Any:
+def build_trainer(job: Job, entry: WorkerEntry = TRAIN) -> Any:
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from convoy.launchers.ray_torch import NodeInterfaceTorchConfig
 
     storage_path, _, name = job.run_uri.rpartition("/")
-    config: dict[str, Any] = {"job": job.model_dump(mode="json")}
+    config: dict[str, Any] = {"job": job.model_dump(mode="json"), "entry": entry.to_dict()}
     data: dict[str, Any] = {}
     if job.data.loader == "ray_data":
         from convoy.data.ray_data import build_ray_data
@@ -373,7 +379,7 @@ class RayLauncher(Launcher):
     def __init__(self, cluster: RayCluster | None = None) -> None:
         self.cluster = cluster or RayCluster.from_env()
 
-    def start(self, job: Job) -> RunResult:
+    def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         ray = import_ray()
         # A cluster Convoy did not start can gain nodes while an elastic run grows onto them.
         shared_cluster = bool(self.cluster.address) or (
@@ -390,7 +396,7 @@ class RayLauncher(Launcher):
             job = reserve_data_cpus(job, nodes)
             check_cluster_resources(job, nodes)
             storage = write_config(job)
-            _fit(build_trainer(job), job)
+            _fit(build_trainer(job, entry), job)
         finally:
             if started:
                 ray.shutdown()
@@ -490,12 +496,10 @@ def _convoy_cause(error: BaseException) -> ConvoyError | None:
 
 
 def ray_worker_main(config: dict[str, Any]) -> None:
-    """Runs on every Ray Train worker: build the context from Ray's, run the engine."""
+    """Runs on every Ray Train worker: build the context from Ray's, run the entry."""
     import ray
     import ray.train
     from ray.train.torch import get_device
-
-    from convoy.engine.loop import train
 
     quiet_ray_loggers()
     job = job_from_dict(config["job"])
@@ -515,9 +519,9 @@ def ray_worker_main(config: dict[str, Any]) -> None:
 
         data = ray_worker_data(job, config["ray_data"], ctx.rank, ctx.world_size)
         ctx = dataclasses.replace(ctx, data=data)
-    summary = train(job, ctx)
+    summary = WorkerEntry.from_dict(config["entry"]).run(job, ctx)
     # report() is a barrier every rank calls once; rank 0's copy reaches Result.metrics.
-    ray.train.report({k: v for k, v in summary["metrics"].items()})
+    ray.train.report(dict(summary.get("metrics", {})))
 
 
 def report_checkpoint(job: Job, relative_path: str, metrics: dict[str, float]) -> None:

@@ -9,6 +9,7 @@ come straight from the config.
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -21,8 +22,10 @@ from convoy.config import Job, job_to_yaml, load_job, nodes_range, torchrun_layo
 from convoy.distributed import WorkerContext, exit_without_teardown
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import (
+    TRAIN,
     Launcher,
     RunResult,
+    WorkerEntry,
     check_local_gpus,
     check_shared_storage,
     local_device,
@@ -83,7 +86,9 @@ def hosts_rendezvous(endpoint: str) -> bool:
     return not address.startswith("127.") and interface_with_address(address) is not None
 
 
-def torchrun_command(job: Job, config_path: Path, endpoint: str | None = None) -> list[str]:
+def torchrun_command(
+    job: Job, config_path: Path, endpoint: str | None = None, entry: WorkerEntry = TRAIN
+) -> list[str]:
     """The torchrun command line for ``job`` (public so tests and docs can show it)."""
     opts = job.scaling.torchrun
     endpoint = endpoint or rendezvous_endpoint(job)
@@ -107,7 +112,10 @@ def torchrun_command(job: Job, config_path: Path, endpoint: str | None = None) -
         command.append("--rdzv-conf=is_host=1")
     if opts.node_rank is not None:
         command.append(f"--node-rank={opts.node_rank}")
-    return [*command, "-m", "convoy.launchers.torchrun", str(config_path)]
+    worker = ["-m", "convoy.launchers.torchrun", str(config_path)]
+    if entry != TRAIN:
+        worker.append(json.dumps(entry.to_dict()))
+    return [*command, *worker]
 
 
 def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
@@ -119,7 +127,7 @@ def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
 class TorchrunLauncher(Launcher):
     name = "torchrun"
 
-    def start(self, job: Job) -> RunResult:
+    def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         check_local_gpus(job, workers_on_this_node=procs_per_node(job))
         max_nodes = nodes_range(nnodes_argument(job))[1]
         check_shared_storage(job, max_nodes, f"--nnodes {nnodes_argument(job)}")
@@ -130,7 +138,7 @@ class TorchrunLauncher(Launcher):
             config_path = Path(scratch) / CONFIG_FILE
             config_path.write_text(job_to_yaml(job))
             returncode = subprocess.call(
-                torchrun_command(job, config_path, endpoint),
+                torchrun_command(job, config_path, endpoint, entry),
                 env=worker_environment(job, endpoint),
             )
         if returncode != 0:
@@ -155,11 +163,11 @@ def worker_context_from_env(job: Job) -> WorkerContext:
 
 
 def worker_main(argv: list[str]) -> None:
-    from convoy.engine.loop import train
-
+    """A torchrun worker: ``CONFIG.yaml [ENTRY.json]`` (the engine when no entry is given)."""
     job = load_job(argv[0])
+    entry = WorkerEntry.from_dict(json.loads(argv[1])) if len(argv) > 1 else TRAIN
     try:
-        train(job, worker_context_from_env(job))
+        entry.run(job, worker_context_from_env(job))
     except BaseException:
         # Fail fast: peers blocked in a collective see the connection drop at once.
         traceback.print_exc()
