@@ -1,0 +1,69 @@
+"""``convoy report`` on real runs: one run, then two overlaid, from the CLI."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from PIL import Image
+
+import convoy
+from convoy.cli import main
+from convoy.config import load_job
+from convoy.report import HTML_FILE, load_run
+
+pytestmark = pytest.mark.e2e
+pytest.importorskip("matplotlib")
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_mlp.yaml"
+
+
+def short_run(storage: Path, name: str, *extra: str) -> Path:
+    job = load_job(
+        RECIPE,
+        [
+            "scaling.launcher=local",
+            "run.epochs=2",
+            "run.max_steps=30",
+            "run.log_every_steps=2",
+            "run.progress=off",
+            f"run.storage_dir={storage}",
+            f"run.name={name}",
+            *extra,
+        ],
+    )
+    return Path(convoy.train(job).run_dir)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    storage = tmp_path_factory.mktemp("runs")
+    return short_run(storage, "ddp"), short_run(storage, "single", "strategy.name=single")
+
+
+def test_report_of_a_real_run(runs: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    run = runs[0]
+    assert main(["report", str(run)]) == 0
+    printed = capsys.readouterr().out
+    pngs = {p.stem: p for p in (run / "report").glob("*.png")}
+    assert {"train_loss", "metrics", "lr", "peak_memory"} <= set(pngs)
+    for png in pngs.values():
+        assert str(png) in printed
+        with Image.open(png) as image:
+            assert image.size[0] > 500 and image.size[1] > 200
+    page = (run / "report" / HTML_FILE).read_text()
+    assert page.count("data:image/png;base64,") == len(pngs)
+    assert "<td>ddp</td>" in page and "test/acc" in page
+    assert len(load_run(run).steps) == 15  # steps 2, 4, ..., 30
+
+
+def test_two_real_runs_overlaid(
+    runs: tuple[Path, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cmp"
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert str(out / HTML_FILE) in printed
+    page = (out / HTML_FILE).read_text()
+    assert "<th>ddp</th><th>single</th>" in page
+    assert "<td>ddp</td><td>single</td>" in page
+    assert (out / "train_loss.png").is_file() and (out / "metrics.png").is_file()
