@@ -1,0 +1,41 @@
+"""matplotlib for the benchmarks' figures, imported only when a plot is asked for."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from convoy.errors import ConvoyError
+
+
+def pyplot() -> Any:
+    """``matplotlib.pyplot`` on the file-only Agg backend, or a one-line error saying how to
+    install it."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise ConvoyError(
+            "--plot: matplotlib is not installed; pip install 'convoy[plot]'"
+        ) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def log2_x(axis: Any, ticks: list[int], labels: list[str] | None = None) -> None:
+    """A log2 x axis with a tick (and label) at each measured point."""
+    axis.set_xscale("log", base=2)
+    axis.set_xticks(ticks)
+    axis.set_xticklabels(labels or [str(t) for t in ticks])
+    axis.minorticks_off()
+    axis.grid(True, which="major", alpha=0.3)
+
+
+def save(figure: Any, path: str) -> str:
+    """Write ``figure`` to ``path`` (PNG by its suffix) and close it."""
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    import matplotlib.pyplot as plt
+
+    plt.close(figure)
+    return path
