@@ -257,9 +257,26 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
         if step is not None
         else f"wall {summary['wall_seconds']:.1f} s",
         f"peak memory per rank (MiB): {memory}",
-        f"run dir: {run_dir}",
     ]
+    throughput = _throughput_line(summary)
+    if throughput:
+        lines.append(throughput)
+    lines.append(f"run dir: {run_dir}")
     return "\n".join(lines)
+
+
+def _throughput_line(summary: dict[str, Any]) -> str:
+    """``compute: 5.76 GFLOP/sample | 0.18 TFLOP/s | MFU 41.0% of 989 TFLOP/s (NVIDIA H100)``."""
+    flops = summary.get("flops_per_sample")
+    if flops is None or summary.get("tflops_per_second") is None:
+        return ""
+    from convoy.engine.flops import format_throughput
+
+    device = summary.get("device_name", "cpu")
+    text = format_throughput(summary["tflops_per_second"], summary.get("mfu"), device == "cpu")
+    peak = summary.get("peak_flops_per_device")
+    where = f" of {peak / 1e12:,.0f} TFLOP/s per device" if peak else ""
+    return f"compute: {flops / 1e9:,.2f} GFLOP/sample | {text}{where} ({device})"
 
 
 COUNT_COLUMNS = ("samples", "tokens")

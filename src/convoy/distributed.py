@@ -160,6 +160,17 @@ def all_reduce_sum(values: torch.Tensor) -> torch.Tensor:
     return reduced
 
 
+def all_gather_floats(values: list[float], device: torch.device) -> list[list[float]]:
+    """Every rank's ``values`` (same length everywhere), in rank order: one small tensor
+    all-gather, cheaper than pickling objects."""
+    local = torch.tensor(values, dtype=torch.float64, device=device)
+    if not is_distributed():
+        return [local.tolist()]
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [t.tolist() for t in gathered]
+
+
 def all_gather_objects(value: Any) -> list[Any]:
     """Every rank's ``value``, in rank order."""
     if not is_distributed():

@@ -42,6 +42,24 @@ def assert_trained(result: convoy.launchers.RunResult, world_size: int) -> None:
     epochs = [r for r in read_metrics(result.run_dir) if r["kind"] == "epoch"]
     assert [r["epoch"] for r in epochs] == list(range(1, 9))
     assert epochs[-1]["train/loss"] < epochs[0]["train/loss"]
+    # Every logged step carries each rank's step time, data wait and memory, and throughput.
+    steps = [r for r in read_metrics(result.run_dir) if r["kind"] == "step"]
+    assert steps
+    for record in steps:
+        for key in ("rank_step_seconds", "rank_data_wait_seconds", "rank_memory_bytes"):
+            assert len(record[key]) == world_size
+        assert all(
+            0 <= w <= s
+            for w, s in zip(
+                record["rank_data_wait_seconds"], record["rank_step_seconds"], strict=True
+            )
+        )
+        assert record["tflops"] > 0
+        assert record["mfu"] is None  # CPU: no peak, no MFU
+    assert summary["flops_per_sample"] > 0
+    assert (
+        summary["step_seconds_p10"] <= summary["step_seconds_median"] <= summary["step_seconds_p90"]
+    )
 
 
 def test_local(tmp_path: Path) -> None:

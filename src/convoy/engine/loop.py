@@ -34,6 +34,7 @@ from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_wor
 from convoy.data.registry import load_splits
 from convoy.distributed import (
     WorkerContext,
+    all_gather_floats,
     all_gather_objects,
     all_reduce_sum,
     peak_memory_bytes,
@@ -43,6 +44,13 @@ from convoy.distributed import (
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
 from convoy.engine.faults import maybe_inject, next_attempt
+from convoy.engine.flops import (
+    count_train_flops_per_sample,
+    device_name,
+    format_throughput,
+    mfu,
+    peak_flops,
+)
 from convoy.engine.heartbeat import Heartbeat, hang_watch
 from convoy.engine.progress import Progress, format_epoch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
@@ -78,6 +86,28 @@ class Timers:
     samples: int = 0
     units: torch.Tensor | float = 0.0
     """What the task counts (samples, real tokens) over all ranks, kept on the device."""
+    interval: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
+    """Since the last logged step: steps, step seconds, data-wait seconds, global samples."""
+
+
+@dataclass
+class Throughput:
+    """FLOPs per sample (counted once, on the meta device) and the device's peak."""
+
+    device_name: str = "cpu"
+    peak_flops: float | None = None
+    flops_per_sample: float | None = None
+    counted: bool = False
+
+    def tflops(self, samples_per_second: float) -> float | None:
+        """Achieved TFLOP/s over all ranks at ``samples_per_second`` (global)."""
+        if self.flops_per_sample is None:
+            return None
+        return self.flops_per_sample * samples_per_second / 1e12
+
+    def mfu(self, samples_per_second: float, world_size: int) -> float | None:
+        tflops = self.tflops(samples_per_second)
+        return None if tflops is None else mfu(tflops * 1e12 / world_size, self.peak_flops)
 
 
 @dataclass
@@ -107,6 +137,7 @@ class TrainState:
     resumed_from: str | None = None
     checkpoints: CheckpointManager | None = None
     timers: Timers = field(default_factory=Timers)
+    throughput: Throughput = field(default_factory=Throughput)
 
     def position(self, epoch: int, steps_per_epoch: int) -> Position:
         """Where to continue from; a finished epoch continues at the next one."""
@@ -163,6 +194,8 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
         total_steps = min(total_steps, job.run.max_steps)
     state = _build_state(job, ctx, data, strategy, total_steps)
     state.timers = timers
+    name = device_name(ctx.device)
+    state.throughput = Throughput(name, peak_flops(name, job.precision))
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
     progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
@@ -354,6 +387,10 @@ def _train_epoch(
         step_start = time.perf_counter()
         micro_batches = [next(batches) for _ in range(accum)]
         data_ready = time.perf_counter()
+        if not state.throughput.counted:
+            _count_flops(job, state, micro_batches[0], progress)
+            step_start += time.perf_counter() - data_ready  # counting is not the step's time
+            data_ready = time.perf_counter()
         loss_sum, global_count = _optimizer_step(job, state, micro_batches)
         step_end = time.perf_counter()
         state.step += 1
@@ -406,6 +443,23 @@ def _optimizer_step(
     return total, global_count
 
 
+def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any], progress: Progress) -> None:
+    """Count the training FLOPs per sample once, on a meta-device copy of the model."""
+    state.throughput.counted = True
+    try:
+        state.throughput.flops_per_sample = count_train_flops_per_sample(
+            lambda: build_model(job.model.name, job.model.kwargs, state.data_shape),
+            state.task.forward,
+            state.task.loss_sum,
+            batch,
+        )
+    except Exception as exc:  # a model that cannot run on meta tensors: no FLOP/s, say why
+        progress.line(
+            f"convoy: FLOPs not counted ({type(exc).__name__}: {exc}); "
+            "no TFLOP/s or MFU for this run"
+        )
+
+
 def _global_count(task: Task, counts: list[torch.Tensor], world_size: int) -> torch.Tensor:
     """The count of the whole global batch: every rank's micro-batches, summed."""
     local = torch.stack(counts).sum().double()
@@ -422,6 +476,8 @@ def _record_step(timers: Timers, start: float, data_ready: float, end: float, ba
     timers.data_wait_seconds += data_ready - start
     timers.train_seconds += end - start
     timers.samples += batch
+    for i, value in enumerate((1, end - start, data_ready - start, batch)):
+        timers.interval[i] += value
 
 
 def _log_step(
@@ -432,13 +488,40 @@ def _log_step(
     outputs: RunOutputs,
     progress: Progress,
 ) -> None:
-    """Log the step's exact mean loss over the whole global batch (all ranks)."""
+    """Log the step's exact mean loss over the whole global batch (all ranks), and every
+    rank's step time, data wait and memory since the last logged step."""
     mean_loss = float(all_reduce_sum(loss_sum.double()) / global_count)
     lr = state.scheduler.get_last_lr()[0]
+    ranks = _rank_interval(state)
     outputs.log(
         {"kind": "step", "step": state.step, "epoch": epoch + 1, "train/loss": mean_loss, "lr": lr}
+        | ranks
     )
-    progress.step(state.step, epoch, mean_loss, float(lr), _rate(state))
+    shown = format_throughput(
+        ranks["tflops"], ranks["mfu"], on_cpu=state.strategy.device.type == "cpu"
+    )
+    progress.step(state.step, epoch, mean_loss, float(lr), _rate(state), shown)
+
+
+def _rank_interval(state: TrainState) -> dict[str, Any]:
+    """Every rank's mean step time, data wait and peak memory since the last logged step
+    (one small all-gather), the global samples/s over it, and the achieved TFLOP/s and MFU."""
+    steps, step_seconds, wait_seconds, samples = state.timers.interval
+    state.timers.interval = [0.0, 0.0, 0.0, 0.0]
+    per = max(1.0, steps)
+    device = state.strategy.device
+    memory = float(peak_memory_bytes(device))
+    gathered = all_gather_floats([step_seconds / per, wait_seconds / per, memory], device)
+    # The step is synchronous: the slowest rank sets the pace of all.
+    rate = samples / max(max(rank[0] for rank in gathered) * steps, 1e-9)
+    return {
+        "rank_step_seconds": [rank[0] for rank in gathered],
+        "rank_data_wait_seconds": [rank[1] for rank in gathered],
+        "rank_memory_bytes": [int(rank[2]) for rank in gathered],
+        "samples_per_second": rate,
+        "tflops": state.throughput.tflops(rate),
+        "mfu": state.throughput.mfu(rate, state.world_size),
+    }
 
 
 def _rate(state: TrainState) -> tuple[float, str]:
@@ -462,6 +545,8 @@ def _summary(
 ) -> dict[str, Any]:
     timers = state.timers
     steady = timers.step_seconds[WARMUP_STEPS_EXCLUDED:] or timers.step_seconds
+    samples_per_second = timers.samples / max(timers.train_seconds, 1e-9)
+    throughput = state.throughput
     peak_memory = all_gather_objects(peak_memory_bytes(ctx.device))
     end = time.time()
     return {
@@ -480,9 +565,23 @@ def _summary(
         "wall_seconds": end - timers.start,
         "train_seconds": timers.train_seconds,
         "task": job.task.name,
-        "samples_per_second": timers.samples / max(timers.train_seconds, 1e-9),
+        "samples_per_second": samples_per_second,
         f"{state.task.count_name}_per_second": _rate(state)[0],
         "step_seconds_median": statistics.median(steady) if steady else None,
+        "step_seconds_p10": _quantile(steady, 0.1),
+        "step_seconds_p90": _quantile(steady, 0.9),
+        "device_name": throughput.device_name,
+        "flops_per_sample": throughput.flops_per_sample,
+        "tflops_per_second": throughput.tflops(samples_per_second),
+        "peak_flops_per_device": throughput.peak_flops,
+        "mfu": throughput.mfu(samples_per_second, ctx.world_size),
         "data_wait_fraction": timers.data_wait_seconds / max(timers.train_seconds, 1e-9),
         "peak_memory_bytes_per_rank": peak_memory,
     }
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    """The ``q`` quantile (linear interpolation), None without values."""
+    if not values:
+        return None
+    return float(np.quantile(values, q))

@@ -18,8 +18,17 @@ class Progress:
         self.live = mode == "bar" or (mode == "auto" and self.stream.isatty())
         self._open_line = False
 
-    def step(self, step: int, epoch: int, loss: float, lr: float, rate: tuple[float, str]) -> None:
-        """One step's line; ``rate`` is (units per second, unit name)."""
+    def step(
+        self,
+        step: int,
+        epoch: int,
+        loss: float,
+        lr: float,
+        rate: tuple[float, str],
+        extra: str = "",
+    ) -> None:
+        """One step's line; ``rate`` is (units per second, unit name); ``extra`` is appended
+        (achieved TFLOP/s and MFU)."""
         if not self.enabled:
             return
         width = 24
@@ -30,6 +39,8 @@ class Progress:
             f"[{bar}] step {step}/{self.total} epoch {epoch + 1} "
             f"loss {loss:.4f} lr {lr:.2e} {per_second:,.0f} {unit}/s"
         )
+        if extra:
+            text += f" {extra}"
         if self.live:
             self.stream.write("\r" + text)
             self._open_line = True

@@ -1,0 +1,110 @@
+"""Throughput accounting: training FLOPs per sample, counted once, and MFU on a known GPU.
+
+FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one forward, loss and
+backward of a copy of the model built on the meta device, fed meta tensors shaped like the
+first micro-batch: nothing is computed or allocated, so any model size costs milliseconds.
+The count covers matrix products and convolutions (what FlopCounterMode knows), not the
+optimizer step or element-wise work, which is the convention MFU is quoted in (PaLM,
+nanoGPT, TorchTitan).
+
+MFU is achieved FLOP/s per device over the device's dense peak for the run's precision. The
+peaks come from the vendors' datasheets (dense, not "with sparsity"; TorchTitan uses the same
+bf16 figures). An unknown device, and every CPU, has no peak: MFU is then ``None`` and the
+output says "unknown peak", never a guessed number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from convoy.batches import batch_rows, move_to
+
+
+@dataclass(frozen=True)
+class DevicePeak:
+    """Dense peak FLOP/s of one accelerator, per precision."""
+
+    bf16: float
+    """bf16 and fp16 tensor-core dense peak."""
+    tf32: float | None
+    """fp32 matmuls run as TF32 (``torch.backends.cuda.matmul.allow_tf32``)."""
+    fp32: float | None
+    """Plain fp32 (CUDA cores), torch's default for fp32 matmuls; None where not published."""
+    source: str
+
+
+# Most specific name first: "H100 PCIe" must match before "H100".
+DEVICE_PEAKS: tuple[tuple[str, DevicePeak], ...] = (
+    ("H100 PCIE", DevicePeak(756e12, 378e12, 51e12, "NVIDIA H100 PCIe datasheet")),
+    ("H100 NVL", DevicePeak(835e12, 417.5e12, 60e12, "NVIDIA H100 NVL datasheet")),
+    ("H100", DevicePeak(989e12, 494.5e12, 67e12, "NVIDIA H100 SXM datasheet")),
+    ("H200", DevicePeak(989e12, 494.5e12, 67e12, "NVIDIA H200 SXM datasheet")),
+    ("GH200", DevicePeak(989e12, 494.5e12, 67e12, "NVIDIA GH200 datasheet")),
+    ("A100", DevicePeak(312e12, 156e12, 19.5e12, "NVIDIA A100 datasheet")),
+    ("L40S", DevicePeak(362.05e12, 183e12, 91.6e12, "NVIDIA L40S datasheet")),
+    ("B200", DevicePeak(2250e12, 1100e12, None, "NVIDIA HGX B200 datasheet, per GPU")),
+)
+
+
+def device_name(device: torch.device) -> str:
+    """The accelerator's name, or ``cpu``."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    return device.type
+
+
+def peak_flops(name: str, precision: str) -> float | None:
+    """The device's dense peak FLOP/s for ``precision`` (fp32 / bf16 / fp16); None if unknown."""
+    upper = name.upper()
+    for pattern, peak in DEVICE_PEAKS:
+        if pattern in upper:
+            if precision in ("bf16", "fp16"):
+                return peak.bf16
+            return peak.tf32 if torch.backends.cuda.matmul.allow_tf32 else peak.fp32
+    return None
+
+
+def _on_meta(batch: Any) -> Any:
+    return move_to(batch, torch.device("meta"))
+
+
+def count_train_flops_per_sample(
+    build: Callable[[], nn.Module],
+    forward: Callable[[nn.Module, Any], Any],
+    loss_sum: Callable[[Any, Any], torch.Tensor],
+    batch: tuple[Any, Any],
+) -> float:
+    """FLOPs of one training step (forward, loss, backward) per sample of ``batch``.
+
+    ``build`` makes the model; it is called under the meta device. Raises whatever the model
+    raises when it cannot run on meta tensors (one that reads values, e.g. ``.item()``).
+    """
+    inputs, targets = batch
+    with torch.device("meta"):
+        model = build()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        loss = loss_sum(forward(model, _on_meta(inputs)), _on_meta(targets))
+        loss.backward()
+    return counter.get_total_flops() / max(1, batch_rows(inputs))
+
+
+def mfu(flops_per_second_per_device: float, peak: float | None) -> float | None:
+    """Model FLOPs utilisation in [0, 1]; None without a known peak."""
+    return None if peak is None else flops_per_second_per_device / peak
+
+
+def format_throughput(tflops: float | None, utilisation: float | None, on_cpu: bool) -> str:
+    """``12.3 TFLOP/s MFU 41.2%``, ``0.02 TFLOP/s`` on CPU, ``... (unknown peak)`` elsewhere."""
+    if tflops is None:
+        return ""
+    text = f"{tflops:,.2f} TFLOP/s"
+    if utilisation is not None:
+        return f"{text} MFU {100 * utilisation:.1f}%"
+    return text if on_cpu else f"{text} (unknown peak)"
