@@ -44,8 +44,32 @@ envtest-build:
 		(flock $(ENVTEST_LOCK) bash $(ENVTEST)/build.sh >/tmp/convoy-envtest-build.log 2>&1 &); \
 	fi
 
+# Debian's Chromium, for the headless-browser check of `convoy report`'s HTML. Installed only
+# where it is missing and we are root with apt-get; in the background (about 10 s with fresh
+# package lists, longer on a cold mirror) so it overlaps install and lint. The test waits on
+# the same lock and skips, saying why, where it is still missing. A failure is a message.
+BROWSER_LOCK := /tmp/convoy-browser-install.lock
+BROWSER_LOG := /tmp/convoy-browser-install.log
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+BROWSER_INSTALL := $(APT_CHROMIUM) || { apt-get update && $(APT_CHROMIUM); } \
+	|| echo "browser: chromium install failed; the browser test will skip"
+
+.PHONY: browser
+browser:
+	@if [ -x /usr/bin/chromium ]; then :; \
+	elif [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "browser: chromium is missing (not root, or no apt-get); the report's browser test will skip"; \
+	else \
+		echo "browser: installing chromium (log: $(BROWSER_LOG))"; \
+		if command -v flock >/dev/null; then \
+			( flock $(BROWSER_LOCK) sh -c '$(BROWSER_INSTALL)' >$(BROWSER_LOG) 2>&1 & ); \
+		else \
+			sh -c '$(BROWSER_INSTALL)' >$(BROWSER_LOG) 2>&1; \
+		fi; \
+	fi
+
 ## test: lint, then every test tier (unit, distributed, e2e, cluster)
-test: envtest-build install lint
+test: envtest-build browser install lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 bench: install

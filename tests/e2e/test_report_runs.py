@@ -8,6 +8,7 @@ import pytest
 from PIL import Image
 
 import convoy
+from chromium import find_chromium, load_page
 from convoy.cli import main
 from convoy.config import load_job
 from convoy.report import HTML_FILE, load_run
@@ -67,3 +68,40 @@ def test_two_real_runs_overlaid(
     assert "<th>ddp</th><th>single</th>" in page
     assert "<td>ddp</td><td>single</td>" in page
     assert (out / "train_loss.png").is_file() and (out / "metrics.png").is_file()
+
+
+@pytest.fixture(scope="module")
+def chromium() -> str:
+    found = find_chromium()
+    if found is None:
+        pytest.skip("no chromium on PATH: `make browser` installs Debian's (root, apt-get)")
+    return found
+
+
+def test_the_report_loads_in_a_browser_without_errors(
+    runs: tuple[Path, Path], tmp_path: Path, chromium: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "cmp"
+    assert main(["report", *map(str, runs), "--out", str(out)]) == 0
+    capsys.readouterr()
+    loaded = load_page(chromium, out / HTML_FILE)
+    assert loaded.errors == []
+    assert loaded.title == "Convoy report: ddp, single"
+    assert len(loaded.images) == len(list(out.glob("*.png"))) >= 4
+    for image in loaded.images:
+        assert image["complete"] and image["width"] > 500 and image["height"] > 200, image
+    assert loaded.requests == []  # nothing fetched: no network, no other file
+
+
+def test_the_browser_check_sees_a_broken_page(tmp_path: Path, chromium: str) -> None:
+    page = tmp_path / "broken.html"
+    page.write_text(
+        '<html><body><img alt="cut" src="data:image/png;base64,iVBORw0KGgo=">'
+        '<img alt="away" src="missing.png"><script>console.error("boom"); nope();</script>'
+        "</body></html>"
+    )
+    loaded = load_page(chromium, page)
+    assert [i["width"] for i in loaded.images] == [0, 0]
+    assert any("boom" in e for e in loaded.errors)
+    assert any("nope" in e for e in loaded.errors)
+    assert any("missing.png" in r for r in loaded.requests)
