@@ -234,8 +234,15 @@ def _data_wait_fraction(record: dict[str, Any]) -> list[float] | None:
     return [100 * w / s if s else math.nan for w, s in zip(waits, steps, strict=False)]
 
 
-def ema(values: Sequence[float], weight: float = 0.9) -> list[float]:
-    """Exponential moving average with bias correction (as TensorBoard's smoothing)."""
+SMOOTH_FROM_POINTS = 50
+"""A loss curve with this many points also gets a smoothed line over its raw one."""
+
+
+def ema(values: Sequence[float], weight: float | None = None) -> list[float]:
+    """Exponential moving average with bias correction (as TensorBoard's smoothing); by
+    default it spans about 1/25 of the curve, so long and short runs smooth alike."""
+    if weight is None:
+        weight = 1 - 2 / (max(2, len(values) // 25) + 1)
     out, acc = [], 0.0
     for i, v in enumerate(values, 1):
         acc = weight * acc + (1 - weight) * v
@@ -289,6 +296,12 @@ def _color(index: int) -> str:
     return f"C{index % 10}"
 
 
+def _line_width(index: int, count: int, step: float = 1.5) -> float:
+    """Earlier lines draw wider, so that identical curves (the same job under two strategies,
+    ranks in lockstep) still show every color."""
+    return 1.5 + step * (count - 1 - index)
+
+
 def _style_axes(ax: Any, xlabel: str, ylabel: str) -> None:
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
@@ -311,18 +324,19 @@ def plot_train_loss(runs: Sequence[RunData], notes: list[str]) -> Any | None:
     fig = _new_figure(1)
     ax = fig.subplots()
     for index, run, (x, y) in drawn:
-        smooth = len(y) >= 20
+        smooth = len(y) >= SMOOTH_FROM_POINTS
+        width = _line_width(index, len(runs))
         ax.plot(
             x,
             y,
             color=_color(index),
             alpha=0.35 if smooth else 1.0,
-            lw=1,
+            lw=1 if smooth else width,
             marker="" if len(y) > 1 else "o",
             label=None if smooth else run.name,
         )
         if smooth:
-            ax.plot(x, ema(y), color=_color(index), lw=2, label=f"{run.name} (smoothed)")
+            ax.plot(x, ema(y), color=_color(index), lw=width, label=f"{run.name} (smoothed)")
     _style_axes(ax, "step", "train loss")
     ax.set_title("Training loss per step")
     _run_legend(ax, len(drawn))
@@ -339,7 +353,9 @@ def plot_lr(runs: Sequence[RunData], notes: list[str]) -> Any | None:
     fig = _new_figure(1, height=2.6)
     ax = fig.subplots()
     for index, run, (x, y) in drawn:
-        ax.plot(x, y, color=_color(index), lw=1.5, label=run.name, marker="" if len(y) > 1 else "o")
+        width = _line_width(index, len(runs))
+        marker = "" if len(y) > 1 else "o"
+        ax.plot(x, y, color=_color(index), lw=width, label=run.name, marker=marker)
     _style_axes(ax, "step", "learning rate")
     ax.ticklabel_format(axis="y", style="sci", scilimits=(-3, 3))
     ax.set_title("Learning rate")
@@ -366,7 +382,7 @@ def plot_epoch_metrics(runs: Sequence[RunData], notes: list[str]) -> Any | None:
     axes = fig.subplots(rows, cols, squeeze=False).ravel()
     for ax, name in zip(axes, names, strict=False):
         for index, run in enumerate(runs):
-            _draw_epoch_metric(ax, run, name, _color(index))
+            _draw_epoch_metric(ax, run, name, index, len(runs))
         percent = name in PERCENT_METRICS
         _style_axes(ax, "epoch", f"{name} (%)" if percent else name)
         ax.set_title(name)
@@ -377,16 +393,19 @@ def plot_epoch_metrics(runs: Sequence[RunData], notes: list[str]) -> Any | None:
     return fig
 
 
-def _draw_epoch_metric(ax: Any, run: RunData, name: str, color: str) -> None:
+def _draw_epoch_metric(ax: Any, run: RunData, name: str, index: int, count: int) -> None:
     scale = 100.0 if name in PERCENT_METRICS else 1.0
+    color, width = _color(index), _line_width(index, count)
+    size = {"lw": width, "markersize": 4 + 2 * width}
     last_epoch = max((r["epoch"] for r in run.epochs), default=1)
     for split in ("train", "val"):
         x, y = series(run.epochs, f"{split}/{name}", x="epoch")
         if x:
-            ax.plot(x, [v * scale for v in y], color=color, **SPLIT_STYLES[split])
+            ax.plot(x, [v * scale for v in y], color=color, **{**SPLIT_STYLES[split], **size})
     value = run.test.get(f"test/{name}")
     if isinstance(value, int | float):
-        ax.plot([last_epoch], [value * scale], color=color, **SPLIT_STYLES["test"])
+        star = {**SPLIT_STYLES["test"], "markersize": 9 + 3 * width}
+        ax.plot([last_epoch], [value * scale], color=color, **star)
 
 
 def _split_legend(fig: Any, runs: Sequence[RunData]) -> None:
@@ -429,7 +448,7 @@ def plot_throughput(runs: Sequence[RunData], notes: list[str]) -> Any | None:
                     x,
                     [v * scale for v in y],
                     color=_color(index),
-                    lw=1.5,
+                    lw=_line_width(index, len(runs)),
                     label=run.name,
                     marker="" if len(x) > 1 else "o",
                 )
@@ -485,12 +504,33 @@ def plot_per_rank(spec: RankFigure, runs: Sequence[RunData], notes: list[str]) -
         return None
     fig = _new_figure(len(drawn), height=2.6)
     axes = fig.subplots(len(drawn), 1, squeeze=False, sharey=True).ravel()
+    top = _rank_axis_top([ranks for _, ranks in drawn])
     for ax, (run, ranks) in zip(axes, drawn, strict=True):
         _draw_ranks(ax, ranks)
         _style_axes(ax, "step", spec.ylabel)
         ax.set_title(f"{spec.title}: {run.name}" if len(runs) > 1 else spec.title)
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, top)
+        if any(y[0] > top for _, y in ranks if y):
+            ax.annotate(
+                "first interval (warm-up) above the scale",
+                (0.01, 0.97),
+                xycoords="axes fraction",
+                va="top",
+                fontsize="small",
+                color="0.35",
+            )
     return fig
+
+
+def _rank_axis_top(runs: list[list[tuple[list[int], list[float]]]]) -> float:
+    """The y-axis top shared by the panels: the highest value plus headroom, unless only the
+    first interval (compilation, allocator warm-up) is far above the rest."""
+    firsts = [y[0] for ranks in runs for _, y in ranks if y]
+    rest = [v for ranks in runs for _, y in ranks for v in y[1:]]
+    highest = max([*firsts, *rest], default=1.0) or 1.0
+    if rest and max(rest) > 0 and max(firsts) > 3 * max(rest):
+        return 1.25 * max(rest)
+    return 1.12 * highest
 
 
 def _draw_ranks(ax: Any, ranks: list[tuple[list[int], list[float]]]) -> None:
@@ -501,7 +541,7 @@ def _draw_ranks(ax: Any, ranks: list[tuple[list[int], list[float]]]) -> None:
                 x,
                 y,
                 color=_color(rank),
-                lw=1.5,
+                lw=_line_width(rank, len(ranks), step=0.5),
                 label=f"rank {rank}",
                 marker="" if len(x) > 1 else "o",
             )

@@ -46,7 +46,10 @@ def test_report_of_a_real_run(runs: tuple[Path, Path], capsys: pytest.CaptureFix
     assert main(["report", str(run)]) == 0
     printed = capsys.readouterr().out
     pngs = {p.stem: p for p in (run / "report").glob("*.png")}
-    assert {"train_loss", "metrics", "lr", "peak_memory"} <= set(pngs)
+    assert set(pngs) == {
+        "train_loss", "metrics", "lr", "throughput", "step_time", "data_wait", "memory",
+        "peak_memory",
+    }  # fmt: skip
     for png in pngs.values():
         assert str(png) in printed
         with Image.open(png) as image:
