@@ -131,3 +131,132 @@ def test_allreduce_over_ray(
     assert (result["world_size"], result["launcher"], result["backend"]) == (2, "ray", "gloo")
     assert len(result["rows"]) == 8 and result["wrong"] == 0
     assert result["avg_busbw_gbps"] > 0
+
+
+def scaling_json(capsys: pytest.CaptureFixture[str], tmp_path: Path, *flags: str) -> dict:  # type: ignore[type-arg]
+    code, out, _ = bench(
+        capsys,
+        "scaling",
+        MLP,
+        "--workers",
+        "1,2",
+        "-o",
+        "scaling.launcher=torchrun",
+        "-o",
+        "scaling.threads_per_worker=1",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--json",
+        "--out",
+        str(tmp_path),
+        *flags,
+    )
+    assert code == 0
+    return json.loads(out)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["strong", "weak"])
+def test_scaling_one_and_two_workers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], mode: str
+) -> None:
+    result = scaling_json(capsys, tmp_path, "--mode", mode)
+    sizes = {s["world_size"]: s for s in result["sizes"]}
+    assert sorted(sizes) == [1, 2] and result["mode"] == mode
+    if mode == "strong":  # the recipe's global batch of 32, split
+        assert [sizes[n]["global_batch"] for n in (1, 2)] == [32, 32]
+        assert [sizes[n]["per_worker_batch"] for n in (1, 2)] == [32, 16]
+    else:  # the recipe's 32 over its 1 worker, per worker
+        assert [sizes[n]["global_batch"] for n in (1, 2)] == [32, 64]
+        assert result["per_worker_batch"] == 32
+    for n, size in sizes.items():
+        assert size["timed_steps"] == 3
+        assert size["efficiency"] == pytest.approx(
+            size["throughput"] / (n * sizes[1]["throughput"])
+        )
+        assert (
+            size["step_seconds"]["p10"]
+            <= size["step_seconds"]["median"]
+            <= size["step_seconds"]["p90"]
+        )
+    assert sizes[1]["efficiency"] == 1.0
+    assert "rank_step_seconds" in result["timing"]
+    runs = Path(result["bench_dir"])
+    assert sorted(p.name for p in runs.iterdir()) == ["n1", "n2"]
+    assert not list(runs.glob("*/checkpoints/*"))  # no checkpoints
+
+
+def test_strong_scaling_refuses_sizes_before_launching(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = bench(
+        capsys,
+        "scaling",
+        MLP,
+        "--workers",
+        "1,3,5",
+        "--mode",
+        "strong",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 2 and "--workers: got '1,3,5'" in err and "3, 5 do(es) not divide" in err
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.ray
+def test_scaling_refuses_what_the_cluster_cannot_place_before_any_run(
+    tmp_path: Path,
+    ray_session,
+    capsys: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
+) -> None:
+    code, _, err = bench(
+        capsys,
+        "scaling",
+        MLP,
+        "--workers",
+        "1,8",
+        "--mode",
+        "weak",
+        "-o",
+        "scaling.launcher=ray",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 2 and "can place at most" in err
+    assert not list(tmp_path.glob("*/n1"))  # the size that fits never ran
+
+
+def test_compare_four_strategies_agree_on_the_loss(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = bench(
+        capsys,
+        "compare",
+        MLP,
+        "-o",
+        "scaling.launcher=torchrun",
+        "-o",
+        "scaling.threads_per_worker=1",
+        "--steps",
+        "2",
+        "--warmup",
+        "3",
+        "--json",
+        "--out",
+        str(tmp_path),
+    )
+    assert code == 0
+    result = json.loads(out)
+    rows = {r["strategy"]: r for r in result["strategies"]}
+    assert list(rows) == ["single", "ddp", "fsdp", "fsdp2"]
+    assert [rows[s]["world_size"] for s in rows] == [1, 2, 2, 2]
+    assert result["losses_agree"], [r["first_losses"] for r in rows.values()]
+    assert all(len(r["first_losses"]) == 5 for r in rows.values())
+    psi = result["parameter_bytes"]
+    assert psi > 0
+    assert [rows[s]["comm_bytes_per_step_per_rank"] for s in rows] == [0, psi, 1.5 * psi, 1.5 * psi]
+    assert all(r["timed_steps"] == 2 for r in rows.values())

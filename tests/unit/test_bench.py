@@ -163,3 +163,113 @@ def test_allreduce_job_ignores_a_batch_that_does_not_split() -> None:
     assert job.scaling.num_workers == 3
     with pytest.raises(ConfigError, match=r"scaling\.launcher"):
         load_job_without_data(None, ["scaling.launcher=mpi"])
+
+
+def test_efficiency_from_global_throughput() -> None:
+    from convoy.bench.scaling import efficiencies
+
+    # Weak scaling with flat step time doubles X: E = 100%, not the 1/N step times would say.
+    assert efficiencies({1: 100.0, 2: 200.0, 4: 300.0}) == {1: 1.0, 2: 1.0, 4: 0.75}
+    # Without a size 1, the smallest is the baseline, per worker.
+    assert efficiencies({2: 200.0, 4: 200.0}) == {2: 1.0, 4: 0.5}
+
+
+def test_strong_scaling_names_every_size_that_does_not_divide_the_batch() -> None:
+    from convoy.bench.scaling import check_strong_split, global_batches
+
+    check_strong_split([1, 2, 4], 32, 1, "1,2,4")
+    with pytest.raises(ConfigError) as info:
+        check_strong_split([1, 3, 5, 8], 32, 1, "1,3,5,8")
+    assert info.value.field == "--workers" and "3, 5 do(es) not divide" in str(info.value)
+    assert global_batches("weak", [1, 2, 4], 32, 16) == {1: 16, 2: 32, 4: 64}
+    assert global_batches("strong", [1, 2, 4], 32, 16) == {1: 32, 2: 32, 4: 32}
+
+
+def test_communication_volume_per_strategy() -> None:
+    from convoy.bench.compare import comm_factor
+    from convoy.config import load_job
+
+    def factor(strategy: str, n: int, *extra: str) -> float:
+        job = load_job(None, [f"strategy.name={strategy}", "scaling.num_workers=1", *extra])
+        return comm_factor(job.strategy, n)
+
+    assert factor("single", 1) == 0
+    assert factor("ddp", 2) == 1.0 and factor("ddp", 8) == pytest.approx(1.75)  # 2(n-1)/n
+    assert factor("fsdp", 4) == pytest.approx(2.25)  # 3(n-1)/n, full shard
+    assert factor("fsdp2", 4) == pytest.approx(2.25)
+    assert factor("fsdp2", 4, "strategy.reshard_after_forward=false") == pytest.approx(1.5)
+    assert factor("fsdp", 4, "strategy.sharding=shard_grad_op") == pytest.approx(1.5)
+    assert factor("ddp", 1) == 0
+
+
+def test_loss_gap_and_strategy_names() -> None:
+    from convoy.bench.compare import loss_gap, parse_strategies
+
+    assert loss_gap([2.0, 1.0], [2.0, 1.0]) == 0
+    assert loss_gap([2.0, 1.1], [2.0, 1.0]) == pytest.approx(0.1)
+    assert loss_gap([2.0], [2.0, 1.0]) is None  # fewer steps than the reference
+    assert parse_strategies("single, ddp") == ["single", "ddp"]
+    for bad in ("ddp,zero3", "ddp,ddp", ""):
+        with pytest.raises(ConfigError, match="--strategies"):
+            parse_strategies(bad)
+
+
+def test_step_times_skip_warmup_and_take_the_slowest_rank() -> None:
+    from convoy.bench.runs import RANK_TIMING, RECORD_TIMING, step_times
+
+    records = [
+        {"step": s, "time": 10.0 + s * 0.5, "rank_step_seconds": [0.1 * s, 0.2 * s]}
+        for s in range(1, 6)
+    ]
+    times, how = step_times(records, warmup=2)
+    assert how == RANK_TIMING and times == pytest.approx([0.6, 0.8, 1.0])
+    for record in records:
+        del record["rank_step_seconds"]
+    times, how = step_times(records, warmup=2)
+    assert how == RECORD_TIMING and times == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_compare_table_says_when_losses_disagree() -> None:
+    from convoy.bench.compare import format_report
+
+    def row(strategy: str, agrees: bool, gap: float) -> dict[str, object]:
+        return {
+            "strategy": strategy,
+            "world_size": 2,
+            "samples_per_second": 100.0,
+            "step_seconds": {"median": 0.01, "p10": 0.009, "p90": 0.012},
+            "peak_memory_bytes_per_rank": None,
+            "peak_memory_source": "n/a",
+            "comm_factor": 1.0,
+            "comm_bytes_per_step_per_rank": 1024.0,
+            "loss_agrees": agrees,
+            "loss_max_relative_gap": gap,
+        }
+
+    result = {
+        "model": "mlp",
+        "data": "digits",
+        "launcher": "torchrun",
+        "precision": "fp32",
+        "global_batch": 32,
+        "seed": 0,
+        "backend": "gloo",
+        "device": "cpu",
+        "torch": "2.x",
+        "timed_steps": 2,
+        "warmup_steps": 3,
+        "parameter_bytes": 1024,
+        "loss_steps": 5,
+        "loss_reference": "ddp",
+        "loss_rtol": 1e-4,
+        "timing": "t",
+        "bench_dir": "d",
+        "losses_agree": False,
+        "strategies": [row("ddp", True, 0.0), row("fsdp2", False, 0.02)],
+    }
+    text = format_report(result)
+    assert "LOSSES DISAGREE" in text
+    assert (
+        "| fsdp2 | 2 | 10.0 | 12.0 | 100 | n/a | 1 KiB (1.00 psi) | DIFFER (max rel. gap 2.0e-02) |"
+        in text
+    )

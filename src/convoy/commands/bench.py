@@ -116,6 +116,12 @@ def add_parser(commands: Any) -> None:
         "--workers", type=int, default=2, help="workers of the distributed strategies (2)"
     )
     _add_step_args(compare)
+    compare.add_argument(
+        "--loss-rtol",
+        type=float,
+        default=1e-4,
+        help="relative tolerance of the first steps' loss agreement (default 1e-4)",
+    )
     _add_output_args(compare, "the runs")
     compare.set_defaults(handler=cmd_compare)
 

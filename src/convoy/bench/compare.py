@@ -1,0 +1,307 @@
+"""``convoy bench compare``: single / ddp / fsdp / fsdp2 like for like on one recipe.
+
+Like for like means: the same seed (so the same initial weights), the same global batch
+(``single`` trains it on one worker, the others split it over N), the same wrap units (the
+sharded strategies share one unit rule) and the optimizer created after sharding (the engine
+does both). Each strategy is an ordinary engine run (``convoy.bench.runs``); the report has
+
+- step time (median, p90 over the timed steps) and global samples/s;
+- peak memory per rank, labelled with where it comes from: on GPU the allocator's peak
+  (``torch.cuda.max_memory_allocated``, the engine's summary); on CPU the peak that torch's
+  MemTracker / FSDPMemTracker count for the strategy (``convoy.plan_check.tracked_peak``),
+  never the process's resident set, which holds the whole runtime;
+- communication per step per rank, to explain gaps: DDP's all-reduce moves 2 psi (n-1)/n
+  bytes, full-shard FSDP (all-gather forward, all-gather backward, reduce-scatter) 3 psi
+  (n-1)/n, FSDP that keeps parameters gathered after forward 2 psi (n-1)/n, psi = parameter
+  bytes; ``single`` moves nothing;
+- whether the first steps' losses agree with the reference strategy's (the first listed)
+  within a stated relative tolerance: the same model, data and global batch must give the
+  same loss whatever the strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from convoy.bench.common import (
+    bench_name,
+    bench_storage,
+    check_at_least,
+    format_bytes,
+    markdown_table,
+)
+from convoy.bench.runs import (
+    Measured,
+    bench_job,
+    device_label,
+    engine_overrides,
+    launch_and_measure,
+)
+from convoy.config import STRATEGY_NAMES, Job, load_job
+from convoy.errors import ConfigError, one_of
+
+LOSS_RTOL = 1e-4
+"""Relative tolerance of the loss check: fp32 sums in another order differ by ~1e-7."""
+LOSS_STEPS = 5
+"""How many first steps' losses are compared."""
+
+
+@dataclass(frozen=True)
+class ComparePlan:
+    jobs: dict[str, Job]
+    """One job per strategy, in the order given (the first is the loss reference)."""
+    workers: int
+    warmup: int
+    steps: int
+    loss_rtol: float
+    bench_dir: str
+
+
+def parse_strategies(text: str) -> list[str]:
+    """``"single,ddp"`` -> ["single", "ddp"]; unknown or repeated names are refused."""
+    names = [s.strip() for s in text.split(",") if s.strip()]
+    bad = [s for s in names if s not in STRATEGY_NAMES]
+    if bad or not names or len(set(names)) != len(names):
+        raise ConfigError(
+            "--strategies", text, f"distinct names, comma-separated; {one_of(STRATEGY_NAMES)}"
+        )
+    return names
+
+
+def comm_factor(strategy: Any, world_size: int) -> float:
+    """Bytes moved per step per rank, in units of the parameter bytes psi.
+
+    DDP: one all-reduce of the gradients, 2 (n-1)/n. Full-shard FSDP: all-gather in forward
+    and again in backward, reduce-scatter of gradients: 3 (n-1)/n. Parameters kept gathered
+    after forward (FSDP's shard_grad_op, FSDP2's reshard_after_forward=False) skip the second
+    all-gather: 2 (n-1)/n. No sharding (no_shard) is DDP's all-reduce.
+    """
+    if strategy.name == "single" or world_size == 1:
+        return 0.0
+    passes = 2.0
+    if strategy.name == "fsdp" and strategy.sharding == "full_shard":
+        passes = 3.0
+    if strategy.name == "fsdp2" and strategy.reshard_after_forward:
+        passes = 3.0
+    return passes * (world_size - 1) / world_size
+
+
+def parameter_bytes(job: Job) -> int | None:
+    """Bytes of the model's parameters (built on the meta device); None if it cannot be built
+    here (the data's shape decides some models' sizes)."""
+    from convoy.data.registry import load_splits
+    from convoy.models.registry import build_model
+
+    try:
+        shape = load_splits(job.data).shape
+        with torch.device("meta"):
+            model = build_model(job.model.name, job.model.kwargs, shape)
+    except Exception:  # reported as n/a: the runs themselves say what is wrong with the data
+        return None
+    unique = {id(p): p for p in model.parameters()}  # tied weights count once
+    return sum(p.numel() * p.element_size() for p in unique.values())
+
+
+def make_plan(args: argparse.Namespace) -> ComparePlan:
+    """Build and validate every strategy's job before any launch."""
+    strategies = parse_strategies(args.strategies)
+    check_at_least(args.workers, "--workers", 1)
+    check_at_least(args.steps, "--steps", 1)
+    check_at_least(args.warmup, "--warmup", 1)
+    rtol = float(getattr(args, "loss_rtol", LOSS_RTOL))
+    base = load_job(args.recipe, args.override)
+    storage = bench_storage(base, args.out)
+    bench_dir = f"{storage}/{bench_name('compare')}"
+    jobs = {}
+    for name in strategies:
+        workers = 1 if name == "single" else args.workers
+        extra = [
+            f"strategy.name={name}",
+            f"run.seed={base.run.seed}",
+            *engine_overrides(bench_dir, name, workers, args.steps, args.warmup),
+        ]
+        jobs[name] = bench_job(args.recipe, args.override, extra)
+    return ComparePlan(jobs, args.workers, args.warmup, args.steps, rtol, bench_dir)
+
+
+def run_compare(plan: ComparePlan) -> dict[str, Any]:
+    """Run every strategy (most workers first, so the launcher refuses an unplaceable size
+    before anything runs) and put the results together."""
+    order = sorted(plan.jobs, key=lambda s: -plan.jobs[s].scaling.max_workers)
+    measured = {name: launch_and_measure(plan.jobs[name], plan.warmup) for name in order}
+    reference = next(iter(plan.jobs))
+    psi = parameter_bytes(plan.jobs[reference])
+    first = plan.jobs[reference]
+    backend, device = device_label(first, measured[reference].summary)
+    rows = [
+        _row(name, plan.jobs[name], measured[name], measured[reference], psi, plan.loss_rtol)
+        for name in plan.jobs
+    ]
+    return {
+        "benchmark": "compare",
+        "model": first.model.name,
+        "data": first.data.name,
+        "launcher": first.scaling.launcher,
+        "precision": first.precision,
+        "global_batch": first.data.batch_size,
+        "seed": first.run.seed,
+        "workers": plan.workers,
+        "backend": backend,
+        "device": device,
+        "torch": torch.__version__,
+        "warmup_steps": plan.warmup,
+        "timed_steps": plan.steps,
+        "parameter_bytes": psi,
+        "loss_reference": reference,
+        "loss_rtol": plan.loss_rtol,
+        "loss_steps": min(LOSS_STEPS, plan.warmup + plan.steps),
+        "losses_agree": all(r["loss_agrees"] for r in rows),
+        "timing": measured[reference].timing,
+        "bench_dir": plan.bench_dir,
+        "strategies": rows,
+    }
+
+
+def _row(
+    name: str, job: Job, run: Measured, reference: Measured, psi: int | None, rtol: float
+) -> dict[str, Any]:
+    memory, source = peak_memory(job, run)
+    factor = comm_factor(job.strategy, run.world_size)
+    worst = loss_gap(run.losses, reference.losses)
+    return {
+        **run.row(),
+        "strategy": name,
+        "peak_memory_bytes_per_rank": memory,
+        "peak_memory_source": source,
+        "comm_factor": factor,
+        "comm_bytes_per_step_per_rank": None if psi is None else factor * psi,
+        "first_losses": run.losses[:LOSS_STEPS],
+        "loss_max_relative_gap": worst,
+        "loss_agrees": worst is not None and worst <= rtol,
+    }
+
+
+def loss_gap(losses: list[float], reference: list[float]) -> float | None:
+    """The largest relative difference over the first ``LOSS_STEPS`` steps; None if a run
+    logged fewer steps."""
+    steps = min(LOSS_STEPS, len(reference))
+    if steps == 0 or len(losses) < steps:
+        return None
+    return max(
+        abs(a - b) / max(abs(b), 1e-12) for a, b in zip(losses, reference[:steps], strict=False)
+    )
+
+
+def peak_memory(job: Job, run: Measured) -> tuple[list[int] | None, str]:
+    """Peak memory per rank and where it comes from (never the resident set on CPU)."""
+    if job.scaling.use_gpu:
+        return list(run.summary["peak_memory_bytes_per_rank"]), (
+            "CUDA allocator peak allocated (torch.cuda.max_memory_allocated)"
+        )
+    try:
+        plan_check = importlib.import_module("convoy.plan_check")
+    except ImportError:
+        return None, "n/a on CPU: convoy.plan_check (MemTracker) is not available"
+    try:
+        peak = plan_check.tracked_peak(job, job.strategy.name, run.world_size)
+    except Exception as exc:  # a tracker that cannot follow this model: say why, keep the rest
+        return None, f"n/a on CPU: the memory tracker failed ({type(exc).__name__}: {exc})"
+    tracker = "FSDPMemTracker" if job.strategy.name == "fsdp2" else "MemTracker"
+    # The tracker follows one rank; every rank holds the same shapes.
+    return [int(peak["Total"])] * run.world_size, f"torch {tracker} peak (convoy.plan_check)"
+
+
+def format_report(result: dict[str, Any]) -> str:
+    """A markdown table per strategy, the loss check, and the formulas behind the columns."""
+    rows = [_cells(r) for r in result["strategies"]]
+    headers = [
+        "strategy",
+        "workers",
+        "step ms (median)",
+        "step ms (p90)",
+        "samples/s",
+        "peak memory / rank",
+        "comm / step / rank",
+        f"loss steps 1-{result['loss_steps']}",
+    ]
+    sources = sorted({r["peak_memory_source"] for r in result["strategies"]})
+    psi = result["parameter_bytes"]
+    agree = (
+        f"the first {result['loss_steps']} losses agree with {result['loss_reference']}'s "
+        f"within relative {result['loss_rtol']:g}"
+        if result["losses_agree"]
+        else f"LOSSES DISAGREE: a strategy's first {result['loss_steps']} losses differ from "
+        f"{result['loss_reference']}'s by more than relative {result['loss_rtol']:g} (see the "
+        "last column)"
+    )
+    return "\n".join(
+        [
+            f"compare: {result['model']} on {result['data']} via {result['launcher']}, "
+            f"{result['precision']}, global batch {result['global_batch']}, seed "
+            f"{result['seed']}; {result['backend']} on {result['device']}, torch "
+            f"{result['torch']}; {result['timed_steps']} timed steps after "
+            f"{result['warmup_steps']} warm-up",
+            "",
+            markdown_table(headers, rows),
+            "",
+            f"loss check: {agree}.",
+            "peak memory: " + "; ".join(sources) + ".",
+            "comm: bytes sent per step per rank, psi = parameter bytes"
+            + (f" = {format_bytes(psi)}" if psi else " (n/a: the model could not be built here)")
+            + ": ddp 2 psi (n-1)/n, fsdp/fsdp2 full shard 3 psi (n-1)/n (2 when parameters stay "
+            "gathered after forward), single 0.",
+            f"step time: {result['timing']}. runs: {result['bench_dir']}",
+        ]
+    )
+
+
+def _cells(row: dict[str, Any]) -> list[str]:
+    times = row["step_seconds"]
+    memory = row["peak_memory_bytes_per_rank"]
+    comm = row["comm_bytes_per_step_per_rank"]
+    gap = row["loss_max_relative_gap"]
+    return [
+        row["strategy"],
+        str(row["world_size"]),
+        f"{1000 * times['median']:.1f}",
+        f"{1000 * times['p90']:.1f}",
+        f"{row['samples_per_second']:,.0f}",
+        format_bytes(max(memory)) if memory else "n/a",
+        f"{format_bytes(comm)} ({row['comm_factor']:.2f} psi)" if comm is not None else "n/a",
+        ("agree" if row["loss_agrees"] else "DIFFER")
+        + (f" (max rel. gap {gap:.1e})" if gap is not None else " (too few steps)"),
+    ]
+
+
+def plot(result: dict[str, Any], path: str) -> str:
+    """Bars per strategy: samples/s, step time (median with p90), peak memory per rank."""
+    from convoy.bench import plots
+
+    plt = plots.pyplot()
+    rows = result["strategies"]
+    names = [f"{r['strategy']} x{r['world_size']}" for r in rows]
+    figure, (rate, step, memory) = plt.subplots(1, 3, figsize=(13, 4.2))
+    rate.bar(names, [r["samples_per_second"] for r in rows])
+    rate.set_ylabel("global samples/s")
+    medians = [1000 * r["step_seconds"]["median"] for r in rows]
+    p90 = [1000 * r["step_seconds"]["p90"] for r in rows]
+    step.bar(names, medians, label="median")
+    step.scatter(names, p90, color="k", marker="_", s=400, label="p90", zorder=3)
+    step.set_ylabel("step time (ms)")
+    step.legend()
+    peaks = [max(r["peak_memory_bytes_per_rank"] or [0]) / 2**20 for r in rows]
+    memory.bar(names, peaks)
+    memory.set_ylabel("peak memory per rank (MiB)")
+    memory.set_title("; ".join(sorted({r["peak_memory_source"] for r in rows})), fontsize=7)
+    figure.suptitle(
+        f"{result['model']} on {result['data']}, global batch {result['global_batch']}, "
+        f"{result['backend']} on {result['device']}, torch {result['torch']}, "
+        f"{result['timed_steps']} timed steps",
+        fontsize=9,
+    )
+    return plots.save(figure, path)
