@@ -642,7 +642,7 @@ SUMMARY_ROWS: tuple[tuple[str, Callable[[dict[str, Any]], str | None]], ...] = (
     ("step time, median (ms)", lambda s: _fmt(_times(s.get("step_seconds_median"), 1e3), ".1f")),
     ("data wait (%)", lambda s: _fmt(_times(s.get("data_wait_fraction"), 100), ".1f")),
     ("peak memory, max rank (MiB)", lambda s: _fmt(_peak_mib(s), ",.0f")),
-    ("TFLOP/s", lambda s: _fmt(s.get("tflops_per_second"), ".2f")),
+    ("TFLOP/s", lambda s: _fmt(s.get("tflops_per_second"), ".3g")),
     ("MFU (%)", lambda s: _fmt(_times(s.get("mfu"), 100), ".1f")),
 )
 
