@@ -160,10 +160,12 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
     )
     _check_plot(args)
     job = load_job_without_data(args.recipe, args.override)
+    # A given run.name is kept: every node of a multi-node torchrun must name the same run
+    # (it is the rendezvous id).
+    name = job.run.name or bench_name("allreduce")
     storage = bench_storage(job, args.out)
     job = load_job_without_data(
-        args.recipe,
-        [*args.override, f"run.storage_dir={storage}", f"run.name={bench_name('allreduce')}"],
+        args.recipe, [*args.override, f"run.storage_dir={storage}", f"run.name={name}"]
     )
     result = allreduce.run_allreduce(job, sweep)
     _print(args, result, allreduce.format_table(result))
