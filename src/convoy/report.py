@@ -26,7 +26,7 @@ import math
 import statistics
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -165,14 +165,8 @@ def load_runs(locations: Sequence[str | Path]) -> list[RunData]:
         seen[name] = seen.get(name, 0) + 1
         if seen[name] > 1:
             name = f"{name} #{seen[name]}"
-        named.append(_renamed(run, name))
+        named.append(replace(run, name=name))
     return named
-
-
-def _renamed(run: RunData, name: str) -> RunData:
-    from dataclasses import replace
-
-    return replace(run, name=name)
 
 
 def default_out_dir(first_run: str | Path) -> Path:

@@ -11,7 +11,9 @@ import convoy
 from chromium import find_chromium, load_page
 from convoy.cli import main
 from convoy.config import load_job
+from convoy.outputs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE
 from convoy.report import HTML_FILE, load_run
+from convoy.storage import RunStorage
 
 pytestmark = pytest.mark.e2e
 pytest.importorskip("matplotlib")
@@ -71,6 +73,23 @@ def test_two_real_runs_overlaid(
     assert "<th>ddp</th><th>single</th>" in page
     assert "<td>ddp</td><td>single</td>" in page
     assert (out / "train_loss.png").is_file() and (out / "metrics.png").is_file()
+
+
+def test_a_run_on_s3_is_reported_in_the_working_directory(
+    s3,  # type: ignore[no-untyped-def]
+    runs: tuple[Path, Path],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    remote = RunStorage.at("s3://convoy/runs/s3-ddp")  # the bucket the s3 fixture creates
+    for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE):
+        remote.write_text(name, (runs[0] / name).read_text())
+    monkeypatch.chdir(tmp_path)
+    assert main(["report", "s3://convoy/runs/s3-ddp"]) == 0
+    assert "report-s3-ddp/report.html" in capsys.readouterr().out
+    assert (tmp_path / "report-s3-ddp" / HTML_FILE).is_file()
+    assert not remote.exists("report")
 
 
 @pytest.fixture(scope="module")

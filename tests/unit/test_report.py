@@ -12,7 +12,15 @@ from PIL import Image
 
 from convoy.cli import main
 from convoy.outputs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, RunOutputs
-from convoy.report import HTML_FILE, last_per, load_run, parse_metrics
+from convoy.report import (
+    HTML_FILE,
+    build_report,
+    default_out_dir,
+    last_per,
+    load_run,
+    load_runs,
+    parse_metrics,
+)
 from convoy.storage import RunStorage
 
 pytest.importorskip("matplotlib")
@@ -232,3 +240,18 @@ def _touch(path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("")
     return path
+
+
+def test_runs_sharing_a_name_are_told_apart_by_their_folder(tmp_path: Path) -> None:
+    first, second = write_run(tmp_path / "a", "exp"), write_run(tmp_path / "b", "exp")
+    assert [r.name for r in load_runs([first, second])] == ["a/exp", "b/exp"]
+
+
+def test_many_ranks_are_drawn_as_a_band_with_the_slowest_named(tmp_path: Path) -> None:
+    report = build_report(load_runs([write_run(tmp_path, "wide", world_size=12)]))
+    assert {"step_time", "data_wait", "memory"} <= {p.name for p in report.plots}
+
+
+def test_default_output_folder() -> None:
+    assert default_out_dir("runs/exp1") == Path("runs/exp1/report")
+    assert default_out_dir("s3://bucket/runs/exp2/") == Path("report-exp2")
