@@ -5,6 +5,13 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+DESCRIPTION = """\
+Plot one run, or several overlaid for comparison: loss and metric curves, learning rate,
+throughput, step time, data-wait fraction and memory per rank, and a table comparing the
+runs' summaries. Writes one self-contained HTML file (figures embedded, nothing fetched
+from the network) and the PNGs. A resumed run's repeated steps are shown once, with the
+last attempt's values; figures no run has data for are left out and listed.
+"""
 EXAMPLES = """\
 examples:
   convoy report runs/exp1                       # writes runs/exp1/report/report.html
@@ -18,11 +25,7 @@ def add_parser(commands: Any) -> None:
     parser = commands.add_parser(
         "report",
         help="plot runs (loss, metrics, LR, step time, data wait, memory) as HTML + PNGs",
-        description="Plot one run, or several overlaid for comparison: loss and metric "
-        "curves, learning rate, throughput, step time, data-wait fraction and memory per "
-        "rank, and a table comparing the runs' summaries. Writes one self-contained HTML "
-        "file (figures embedded, nothing fetched from the network) and the PNGs. A resumed "
-        "run's repeated steps are shown once, with the last attempt's values.",
+        description=DESCRIPTION,
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
