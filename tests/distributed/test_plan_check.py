@@ -1,0 +1,70 @@
+"""``convoy plan --check``: the plan against torch's memory trackers on real strategy
+wrappers, over a fake process group of 1, 2 and 4 ranks (one CPU process each time)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch.distributed as dist
+
+from convoy.config import load_job
+from convoy.errors import ConfigError
+from convoy.plan import Planner, quiet_warnings
+from convoy.plan_check import check_layouts, format_check, tracked_peak
+
+TINY_MLP = ["model.name=mlp", "model.kwargs={hidden: 64, depth: 2}", "data.batch_size=16"]
+TINY_GPT = ["data.batch_size=8", "model.kwargs={dropout: 0.0, depth: 2}"]
+
+
+@pytest.fixture(autouse=True)
+def _no_process_group_left() -> Iterator[None]:
+    yield
+    assert not dist.is_initialized()
+
+
+@pytest.mark.parametrize(
+    ("recipe", "overrides"),
+    [("recipes/digits_mlp.yaml", TINY_MLP), ("recipes/lm_tiny.yaml", TINY_GPT)],
+)
+def test_plan_matches_trackers(recipe: str, overrides: list[str]) -> None:
+    job = load_job(recipe, overrides)
+    with quiet_warnings():
+        rows = check_layouts(job, ["single", "ddp", "fsdp2", "fsdp"], [1, 2, 4], Planner(job))
+    report = format_check(rows)
+    for row in rows:
+        name = f"{row.layout.strategy} x {row.layout.world_size}"
+        if row.layout.strategy == "fsdp":
+            # FSDP1's optimizer steps views of the flat shard, without its alignment padding
+            state = row.tracked.model_state
+            assert (state["params"], state["grads"]) == (row.layout.params, row.layout.grads)
+            assert state["optimizer"] == pytest.approx(row.layout.optimizer, rel=0.02)
+            assert row.ratio is None and "not tracked" in row.tracked.note
+            continue
+        assert row.model_state_exact(), f"{name}: model state\n{report}"
+        assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, f"{name}\n{report}"
+
+
+def test_fsdp2_shards_what_it_tracks() -> None:
+    job = load_job("recipes/digits_mlp.yaml", TINY_MLP)
+    with quiet_warnings():
+        two, four = tracked_peak(job, "fsdp2", 2), tracked_peak(job, "fsdp2", 4)
+    assert four["Sharded Param"] < two["Sharded Param"]
+    assert two["Total"] == sum(v for k, v in two.items() if k != "Total")
+
+
+def test_bf16_and_accumulation_stay_within_ten_percent() -> None:
+    job = load_job(
+        "recipes/lm_tiny.yaml", [*TINY_GPT, "precision=bf16", "optim.grad_accum_steps=2"]
+    )
+    with quiet_warnings():
+        rows = check_layouts(job, ["single", "fsdp2"], [1, 2], Planner(job))
+    for row in rows:
+        assert row.model_state_exact(), format_check(rows)
+        assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
+
+
+def test_fsdp1_peak_is_refused_with_the_reason() -> None:
+    job = load_job("recipes/digits_mlp.yaml", TINY_MLP)
+    with pytest.raises(ConfigError, match="FSDP1"):
+        tracked_peak(job, "fsdp", 2)
