@@ -203,6 +203,8 @@ def peak_memory(job: Job, run: Measured) -> tuple[list[int] | None, str]:
         return list(run.summary["peak_memory_bytes_per_rank"]), (
             "CUDA allocator peak allocated (torch.cuda.max_memory_allocated)"
         )
+    if job.strategy.name == "fsdp":
+        return None, "n/a for fsdp on CPU: torch's trackers cannot follow FSDP1's flat parameters"
     try:
         plan_check = importlib.import_module("convoy.plan_check")
     except ImportError:
@@ -271,11 +273,21 @@ def _cells(row: dict[str, Any]) -> list[str]:
         f"{1000 * times['median']:.1f}",
         f"{1000 * times['p90']:.1f}",
         f"{row['samples_per_second']:,.0f}",
-        format_bytes(max(memory)) if memory else "n/a",
+        f"{format_bytes(max(memory))} ({_short_source(row['peak_memory_source'])})"
+        if memory
+        else "n/a",
         f"{format_bytes(comm)} ({row['comm_factor']:.2f} psi)" if comm is not None else "n/a",
         ("agree" if row["loss_agrees"] else "DIFFER")
         + (f" (max rel. gap {gap:.1e})" if gap is not None else " (too few steps)"),
     ]
+
+
+def _short_source(source: str) -> str:
+    """The tracker or allocator a peak came from, in a word or two for the table."""
+    for name in ("FSDPMemTracker", "MemTracker"):
+        if name in source:
+            return name
+    return "CUDA allocated" if "CUDA" in source else source
 
 
 def plot(result: dict[str, Any], path: str) -> str:
