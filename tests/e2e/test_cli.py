@@ -25,6 +25,7 @@ def test_command_set_is_pinned() -> None:
     """The CLI surface grows only on purpose."""
     subparsers = next(a for a in build_parser()._actions if a.dest == "command")
     assert sorted(subparsers.choices) == [
+        "bench",
         "config",
         "data",
         "evaluate",
@@ -36,7 +37,20 @@ def test_command_set_is_pinned() -> None:
 
 
 @pytest.mark.parametrize(
-    "args", [[], ["train"], ["config"], ["config", "show"], ["list"], ["export"], ["evaluate"]]
+    "args",
+    [
+        [],
+        ["train"],
+        ["config"],
+        ["config", "show"],
+        ["list"],
+        ["export"],
+        ["evaluate"],
+        ["bench"],
+        ["bench", "allreduce"],
+        ["bench", "scaling"],
+        ["bench", "compare"],
+    ],
 )
 def test_every_command_has_help(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exit_info:
