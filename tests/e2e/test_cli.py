@@ -32,6 +32,8 @@ def test_command_set_is_pinned() -> None:
         "export",
         "k8s",
         "list",
+        "plan",
+        "report",
         "train",
     ]  # type: ignore[attr-defined]
 
@@ -50,6 +52,8 @@ def test_command_set_is_pinned() -> None:
         ["bench", "allreduce"],
         ["bench", "scaling"],
         ["bench", "compare"],
+        ["plan"],
+        ["report"],
     ],
 )
 def test_every_command_has_help(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
