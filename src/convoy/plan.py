@@ -336,6 +336,8 @@ def measure_activations(
     task = build_task(job.task.name, job.task.kwargs)
     mode = FakeTensorMode()
     inputs, targets = fake_batch(source.sample, rows, mode)
+    if cast_params is not None:  # FSDP casts floating-point inputs to its param dtype
+        inputs = _cast_floats(inputs, cast_params)
     skeleton = build_skeleton(job, source)  # outside the fake mode: a real build may need values
     if cast_params is not None:  # FSDP's MixedPrecision: parameters cast, no autocast
         skeleton = skeleton.to(cast_params)
@@ -363,6 +365,16 @@ def measure_activations(
         for out in _tensors(outputs):
             saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
     return Activations(sum(saved.values()), max(saved.values(), default=0))
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {key: _cast_floats(item, dtype) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(item, dtype) for item in value)
+    return value
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:

@@ -393,6 +393,9 @@ def check_layouts(
                 tracked = track(job, strategy, size, planner.source)
             except UntrackableError as exc:
                 tracked = Tracked(strategy, size, note=f"not tracked: {exc}")
+            except Exception as exc:  # a tracker or a fake collective this layout trips on
+                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                tracked = Tracked(strategy, size, note=f"not tracked: {reason}")
             rows.append(CheckRow(layout, tracked))
     return rows
 
