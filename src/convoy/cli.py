@@ -270,13 +270,13 @@ def _throughput_line(summary: dict[str, Any]) -> str:
     flops = summary.get("flops_per_sample")
     if flops is None or summary.get("tflops_per_second") is None:
         return ""
-    from convoy.engine.flops import format_throughput
+    from convoy.engine.flops import format_flops, format_throughput
 
     device = summary.get("device_name", "cpu")
     text = format_throughput(summary["tflops_per_second"], summary.get("mfu"), device == "cpu")
     peak = summary.get("peak_flops_per_device")
     where = f" of {peak / 1e12:,.0f} TFLOP/s per device" if peak else ""
-    return f"compute: {flops / 1e9:,.2f} GFLOP/sample | {text}{where} ({device})"
+    return f"compute: {format_flops(flops, 'FLOP/sample')} | {text}{where} ({device})"
 
 
 COUNT_COLUMNS = ("samples", "tokens")

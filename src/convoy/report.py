@@ -92,7 +92,10 @@ def load_run(location: str | Path) -> RunData:
     storage = RunStorage.at(where)
     _check_is_run(storage, where)
     if not storage.exists(METRICS_FILE):
-        raise ReportError(f"{where}: no metrics to plot: {METRICS_FILE} is missing ({RUN_FILES})")
+        raise ReportError(
+            f"{where}: no metrics to plot: {METRICS_FILE} is missing, no step records yet (a run "
+            "that failed before its first logged step, or one that is still starting)"
+        )
     records, unreadable = parse_metrics(storage.read_text(METRICS_FILE))
     if not records:
         raise ReportError(
@@ -119,10 +122,33 @@ def _check_is_run(storage: RunStorage, where: str) -> None:
     if local is not None and not local.is_dir():
         raise ReportError(f"{where}: a file, not a run directory ({RUN_FILES})")
     if not any(storage.exists(name) for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE)):
-        raise ReportError(
-            f"{where}: not a run directory: no {CONFIG_FILE}, {METRICS_FILE} or {SUMMARY_FILE} "
-            f"({RUN_FILES})"
+        inside, example = _runs_inside(local) if local is not None else ([], None)
+        hint = (
+            f"; it holds runs: {', '.join(inside[:5])}{', ...' if len(inside) > 5 else ''}"
+            + (f" (e.g. convoy report {where.rstrip('/')}/{example})" if example else "")
+            if inside
+            else f" ({RUN_FILES})"
         )
+        raise ReportError(
+            f"{where}: not a run directory: no {CONFIG_FILE}, {METRICS_FILE} or {SUMMARY_FILE}"
+            + hint
+        )
+
+
+def _runs_inside(folder: Path) -> tuple[list[str], str | None]:
+    """Names of the run directories directly inside ``folder`` (a storage_dir given by
+    mistake), sorted, and the first with metrics to plot (for an example command)."""
+    try:
+        children = sorted(p for p in folder.iterdir() if p.is_dir())
+    except OSError:
+        return [], None
+    runs = [
+        p
+        for p in children
+        if any((p / name).is_file() for name in (CONFIG_FILE, METRICS_FILE, SUMMARY_FILE))
+    ]
+    example = next((p.name for p in runs if (p / METRICS_FILE).is_file()), None)
+    return [p.name for p in runs], example
 
 
 def parse_metrics(text: str) -> tuple[list[dict[str, Any]], int]:
@@ -480,7 +506,7 @@ RANK_FIGURES = (
     ),
     RankFigure(
         "memory",
-        "Peak memory per rank",
+        "Peak memory per rank over the steps",
         "peak memory (MiB)",
         _rank_list("rank_memory_bytes", 1 / 2**20),
         "rank_memory_bytes",
@@ -593,7 +619,11 @@ def build_report(runs: Sequence[RunData]) -> Report:
             (spec.name, spec.title, functools.partial(plot_per_rank, spec, runs, report.notes))
         )
     builders.append(
-        ("peak_memory", "Peak memory per rank", lambda: plot_peak_memory(runs, report.notes))
+        (
+            "peak_memory",
+            "Peak memory per rank at the end of the run",
+            lambda: plot_peak_memory(runs, report.notes),
+        )
     )
     for name, title, build in builders:
         fig = build()

@@ -87,12 +87,37 @@ def test_allreduce_json_on_one_local_worker(
     assert all(r["busbw_gbps"] is None and r["algbw_gbps"] > 0 for r in result["rows"])
 
 
+def test_allreduce_plot_into_a_missing_folder_keeps_stdout_json(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    figure = tmp_path / "figures" / "new" / "allreduce.png"
+    code, out, err = bench(
+        capsys,
+        "allreduce",
+        MLP,
+        "--max-bytes",
+        "16",
+        "--iters",
+        "1",
+        "--json",
+        "--plot",
+        str(figure),
+        "--out",
+        str(tmp_path / "runs"),
+    )
+    assert code == 0
+    assert json.loads(out)["benchmark"] == "allreduce"  # stdout stays one JSON document
+    assert f"plot: {figure}" in err and figure.read_bytes()[:4] == b"\x89PNG"
+
+
 @pytest.mark.parametrize(
     ("flags", "named"),
     [
         (["--min-bytes", "1M", "--max-bytes", "8"], "--max-bytes: got '8'"),
         (["--factor", "1"], "--factor: got '1'"),
         (["--min-bytes", "12XB"], "--min-bytes: got '12XB'"),
+        (["--plot", "/proc/nope/a.png"], "--plot: got '/proc/nope/a.png'"),
+        (["--plot", "figure.txt"], "--plot: got 'figure.txt'"),
     ],
 )
 def test_allreduce_refuses_bad_sizes_before_starting(

@@ -273,3 +273,145 @@ def test_compare_table_says_when_losses_disagree() -> None:
         "| fsdp2 | 2 | 10.0 | 12.0 | 100 | n/a | 1 KiB (1.00 psi) | DIFFER (max rel. gap 2.0e-02) |"
         in text
     )
+
+
+def _namespace(tmp_path: object, **fields: object) -> object:
+    import argparse
+
+    defaults: dict[str, object] = {
+        "recipe": None,
+        "override": ["scaling.launcher=torchrun"],
+        "steps": 2,
+        "warmup": 1,
+        "out": str(tmp_path),
+        "workers": 2,
+        "strategies": "single,ddp",
+        "loss_rtol": 1e-4,
+        "mode": "weak",
+        "per_worker_batch": None,
+    }
+    return argparse.Namespace(**{**defaults, **fields})
+
+
+def test_plot_path_is_checked_before_anything_runs(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.bench.plots import check_plot_path
+
+    with pytest.raises(ConfigError, match=r"--plot: got .*this is a folder"):
+        check_plot_path(str(tmp_path))
+    with pytest.raises(ConfigError, match=r"--plot: got .*ending in \.png"):
+        check_plot_path(str(tmp_path / "figure.txt"))
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"--plot: got .*file/sub/a\.png'.*not a writable"):
+        check_plot_path(str(tmp_path / "file" / "sub" / "a.png"))
+    check_plot_path(str(tmp_path / "new" / "dir" / "a.png"))  # a missing folder is fine...
+    assert not (tmp_path / "new").exists()  # ...and the check leaves nothing behind
+
+
+def test_plot_into_a_missing_folder_creates_it(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.bench import plots
+
+    plt = plots.pyplot()
+    figure, _ = plt.subplots()
+    path = tmp_path / "a" / "b" / "figure.png"
+    assert plots.save(figure, str(path)) == str(path)
+    assert path.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_out_folder_is_checked_and_nothing_is_left_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.bench.common import bench_storage, check_out_dir
+    from convoy.config import load_job
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match=r"--out: got .*is a file"):
+        check_out_dir(str(tmp_path / "file"), "--out")
+    with pytest.raises(ConfigError, match=r"--out: got .*not a writable folder"):
+        check_out_dir(str(tmp_path / "file" / "x"), "--out")
+    with pytest.raises(ConfigError, match=r"run\.storage_dir: got .*/proc/nope.*cannot create"):
+        bench_storage(load_job(None, ["run.storage_dir=/proc/nope"]), None)
+    check_out_dir(str(tmp_path / "a" / "b"), "--out")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_unknown_and_repeated_strategies_are_named() -> None:
+    from convoy.bench.compare import parse_strategies
+
+    with pytest.raises(ConfigError, match=r"unknown 'fsdp3' \(did you mean 'fsdp'\?\)"):
+        parse_strategies("ddp,fsdp3")
+    with pytest.raises(ConfigError, match=r"; ddp repeated;"):
+        parse_strategies("ddp,single,ddp")
+
+
+def test_compare_refuses_a_negative_loss_tolerance(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.bench.compare import make_plan
+
+    for bad in (-1.0, float("nan")):
+        with pytest.raises(ConfigError, match=r"--loss-rtol: got"):
+            make_plan(_namespace(tmp_path, loss_rtol=bad))  # type: ignore[arg-type]
+
+
+def test_world_size_errors_name_the_workers_flag(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.bench import compare, scaling
+
+    # The default recipe's batch (64) does not split over 3 workers.
+    with pytest.raises(ConfigError) as info:
+        compare.make_plan(_namespace(tmp_path, workers=3, strategies="ddp"))  # type: ignore[arg-type]
+    assert info.value.field == "--workers" and "data.batch_size = 64" in str(info.value)
+    # The local launcher runs one worker.
+    with pytest.raises(ConfigError) as info:
+        scaling.make_plan(
+            _namespace(
+                tmp_path,
+                workers="1,2",
+                override=["scaling.launcher=local", "scaling.num_workers=1"],
+            )  # type: ignore[arg-type]
+        )
+    assert info.value.field == "--workers" and "'local' launcher" in str(info.value)
+    assert not any(tmp_path.iterdir())
+
+
+def test_per_worker_batch_zero_is_refused_not_replaced(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.bench.scaling import make_plan
+
+    with pytest.raises(ConfigError, match=r"--per-worker-batch: got 0"):
+        make_plan(_namespace(tmp_path, workers="1,2", per_worker_batch=0))  # type: ignore[arg-type]
+
+
+def test_scaling_report_flags_efficiency_above_ideal() -> None:
+    from convoy.bench.scaling import format_report
+
+    def size(n: int, x: float, e: float) -> dict[str, object]:
+        times = {"median": 0.1, "p10": 0.1, "p90": 0.1}
+        return {
+            "world_size": n,
+            "per_worker_batch": 16,
+            "global_batch": 16 * n,
+            "throughput": x,
+            "ideal_throughput": n * 100.0,
+            "step_seconds": times,
+            "efficiency": e,
+        }
+
+    result = {
+        "mode": "weak",
+        "model": "gpt_tiny",
+        "data": "text",
+        "strategy": "ddp",
+        "launcher": "torchrun",
+        "precision": "fp32",
+        "per_worker_batch": 16,
+        "backend": "gloo",
+        "device": "cpu",
+        "torch": "2.x",
+        "timed_steps": 5,
+        "warmup_steps": 1,
+        "count_name": "tokens",
+        "baseline_workers": 1,
+        "timing": "t",
+        "bench_dir": "d",
+        "sizes": [size(1, 100.0, 1.0), size(2, 190.0, 0.95), size(3, 1460.0, 4.87)],
+    }
+    text = format_report(result)
+    assert "note: efficiency above 110% at N = 3:" in text
+    assert "threads_per_worker" in text
+    result["sizes"] = result["sizes"][:2]  # type: ignore[index]
+    assert "note:" not in format_report(result)

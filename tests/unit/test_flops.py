@@ -84,3 +84,18 @@ def test_throughput_text_never_invents_a_peak() -> None:
     assert format_throughput(0.18, None, on_cpu=True) == "0.18 TFLOP/s"
     assert format_throughput(12.0, None, on_cpu=False) == "12.00 TFLOP/s (unknown peak)"
     assert format_throughput(None, None, on_cpu=True) == ""
+
+
+def test_a_small_models_rate_reads_as_a_number() -> None:
+    from convoy.cli import _throughput_line
+    from convoy.engine.flops import format_flops
+
+    # digits_mlp on CPU: 0.0014 TFLOP/s used to print as "0.00 TFLOP/s".
+    assert format_throughput(0.0013620315495432498, None, on_cpu=True) == "1.36 GFLOP/s"
+    assert format_flops(138752.0, "FLOP/sample") == "0.14 MFLOP/sample"
+    assert format_flops(5.76e9, "FLOP/sample") == "5.76 GFLOP/sample"
+    assert format_flops(12.0) == "12.00 FLOP/s"
+    line = _throughput_line(
+        {"flops_per_sample": 138752.0, "tflops_per_second": 0.00136, "device_name": "cpu"}
+    )
+    assert line == "compute: 0.14 MFLOP/sample | 1.36 GFLOP/s (cpu)"

@@ -255,3 +255,23 @@ def test_many_ranks_are_drawn_as_a_band_with_the_slowest_named(tmp_path: Path) -
 def test_default_output_folder() -> None:
     assert default_out_dir("runs/exp1") == Path("runs/exp1/report")
     assert default_out_dir("s3://bucket/runs/exp2/") == Path("report-exp2")
+
+
+def test_a_storage_dir_given_for_a_run_names_the_runs_in_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    write_run(tmp_path, "exp1")
+    _touch(tmp_path / "failed" / CONFIG_FILE)  # failed before its first step: no metrics
+    code, _, err = report([str(tmp_path) + "/"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "not a run directory" in err and "it holds runs: exp1, failed" in err
+    assert f"e.g. convoy report {tmp_path}/exp1" in err
+    assert not (tmp_path / "report").exists()
+
+
+def test_figure_titles_are_distinct(tmp_path: Path) -> None:
+    from convoy.report import build_report
+
+    built = build_report([load_run(write_run(tmp_path, "exp1"))])
+    titles = [plot.title for plot in built.plots]
+    assert len(titles) == len(set(titles)), titles

@@ -22,7 +22,9 @@ does both). Each strategy is an ordinary engine run (``convoy.bench.runs``); the
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -63,13 +65,20 @@ class ComparePlan:
 
 
 def parse_strategies(text: str) -> list[str]:
-    """``"single,ddp"`` -> ["single", "ddp"]; unknown or repeated names are refused."""
+    """``"single,ddp"`` -> ["single", "ddp"]; unknown or repeated names are refused, the error
+    naming the bad one (and the closest known name)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
-    bad = [s for s in names if s not in STRATEGY_NAMES]
-    if bad or not names or len(set(names)) != len(names):
-        raise ConfigError(
-            "--strategies", text, f"distinct names, comma-separated; {one_of(STRATEGY_NAMES)}"
-        )
+    allowed = f"distinct names, comma-separated; {one_of(STRATEGY_NAMES)}"
+    unknown = [s for s in names if s not in STRATEGY_NAMES]
+    if unknown:
+        guess = difflib.get_close_matches(unknown[0], STRATEGY_NAMES, n=1, cutoff=0.5)
+        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        raise ConfigError("--strategies", text, f"unknown {unknown[0]!r}{hint}; {allowed}")
+    repeated = sorted({s for s in names if names.count(s) > 1})
+    if repeated:
+        raise ConfigError("--strategies", text, f"{', '.join(repeated)} repeated; {allowed}")
+    if not names:
+        raise ConfigError("--strategies", text, allowed)
     return names
 
 
@@ -114,6 +123,8 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
     check_at_least(args.steps, "--steps", 1)
     check_at_least(args.warmup, "--warmup", 1)
     rtol = float(getattr(args, "loss_rtol", LOSS_RTOL))
+    if not (math.isfinite(rtol) and rtol >= 0):
+        raise ConfigError("--loss-rtol", rtol, "expected a finite number >= 0")
     base = load_job(args.recipe, args.override)
     storage = bench_storage(base, args.out)
     bench_dir = f"{storage}/{bench_name('compare')}"
@@ -125,7 +136,7 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
             f"run.seed={base.run.seed}",
             *engine_overrides(bench_dir, name, workers, args.steps, args.warmup),
         ]
-        jobs[name] = bench_job(args.recipe, args.override, extra)
+        jobs[name] = bench_job(args.recipe, args.override, extra, ("--workers", args.workers))
     return ComparePlan(jobs, args.workers, args.warmup, args.steps, rtol, bench_dir)
 
 

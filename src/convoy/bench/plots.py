@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
-from convoy.errors import ConvoyError
+from convoy.errors import ConfigError, ConvoyError
 
 
 def pyplot() -> Any:
@@ -22,6 +23,22 @@ def pyplot() -> Any:
     return plt
 
 
+FORMATS = (".png", ".svg", ".pdf")
+
+
+def check_plot_path(path: str) -> None:
+    """Refuse, before anything runs, a ``--plot`` path that cannot take a figure: a folder,
+    no image suffix, or a folder that cannot be created (a missing one is made when saving)."""
+    from convoy.bench.common import check_out_dir
+
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise ConfigError("--plot", path, "a file path ending in .png (this is a folder)")
+    if target.suffix.lower() not in FORMATS:
+        raise ConfigError("--plot", path, f"a file path ending in {', '.join(FORMATS)}")
+    check_out_dir(str(target.parent), "--plot", path)
+
+
 def log2_x(axis: Any, ticks: list[int], labels: list[str] | None = None) -> None:
     """A log2 x axis with a tick (and label) at each measured point."""
     axis.set_xscale("log", base=2)
@@ -34,7 +51,8 @@ def log2_x(axis: Any, ticks: list[int], labels: list[str] | None = None) -> None
 def save(figure: Any, path: str) -> str:
     """Write ``figure`` to ``path`` (PNG by its suffix) and close it."""
     figure.tight_layout()
-    figure.savefig(path, dpi=120)
+    Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(Path(path).expanduser(), dpi=120)
     import matplotlib.pyplot as plt
 
     plt.close(figure)

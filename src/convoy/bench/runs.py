@@ -16,6 +16,7 @@ from typing import Any
 
 from convoy.bench.common import spread
 from convoy.config import Job, load_job
+from convoy.errors import ConfigError
 from convoy.outputs import read_metrics
 
 RANK_TIMING = "slowest rank's step time (max of rank_step_seconds)"
@@ -42,9 +43,27 @@ def engine_overrides(storage: str, name: str, workers: int, steps: int, warmup: 
     ]
 
 
-def bench_job(recipe: str | None, overrides: list[str], extra: list[str]) -> Job:
-    """The recipe with the user's overrides, then the benchmark's own (which win)."""
-    return load_job(recipe, [*overrides, *extra])
+# The fields a benchmark sets from its --workers flag: an error about them is about the flag.
+WORKER_FIELDS = ("scaling.num_workers", "data.batch_size")
+
+
+def bench_job(
+    recipe: str | None,
+    overrides: list[str],
+    extra: list[str],
+    flag: tuple[str, Any] | None = None,
+) -> Job:
+    """The recipe with the user's overrides, then the benchmark's own (which win).
+
+    ``flag`` is the command-line option (name, value) that set the world size: a refusal of
+    ``scaling.num_workers`` or of the batch split (the local launcher's one worker, a batch
+    N does not divide) names it, since the user typed that, not the field."""
+    try:
+        return load_job(recipe, [*overrides, *extra])
+    except ConfigError as exc:
+        if flag is None or exc.field not in WORKER_FIELDS:
+            raise
+        raise ConfigError(flag[0], flag[1], f"{exc.field} = {exc.value}: {exc.allowed}") from None
 
 
 @dataclass

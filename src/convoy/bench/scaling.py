@@ -68,6 +68,10 @@ def check_strong_split(workers: list[int], batch: int, accum: int, text: str) ->
         )
 
 
+SUPERLINEAR = 1.1
+"""Efficiency above this is flagged: a worker at N outran the baseline's."""
+
+
 def efficiencies(throughputs: dict[int, float]) -> dict[int, float]:
     """E_N = (X_N / N) / (X_N0 / N0), N0 the smallest size (E = X_N / (N X_1) with N0 = 1)."""
     base = min(throughputs)
@@ -88,7 +92,10 @@ def make_plan(args: argparse.Namespace) -> ScalingPlan:
         check_strong_split(workers, base.data.batch_size, accum, args.workers)
         per_worker = None
     else:
-        per_worker = args.per_worker_batch or base.data.batch_size // base.scaling.max_workers
+        if args.per_worker_batch is not None:
+            per_worker = check_at_least(args.per_worker_batch, "--per-worker-batch", 1)
+        else:
+            per_worker = base.data.batch_size // base.scaling.max_workers
         check_at_least(per_worker, "--per-worker-batch", accum)
         if per_worker % accum:
             raise ConfigError(
@@ -105,6 +112,7 @@ def make_plan(args: argparse.Namespace) -> ScalingPlan:
                 f"data.batch_size={batches[n]}",
                 *engine_overrides(f"{storage}/{bench_dir}", f"n{n}", n, args.steps, args.warmup),
             ],
+            ("--workers", args.workers),
         )
         for n in workers
     }
@@ -196,6 +204,18 @@ def format_report(result: dict[str, Any]) -> str:
         "efficiency",
     ]
     base = result["baseline_workers"]
+    above = [s["world_size"] for s in result["sizes"] if s["efficiency"] > SUPERLINEAR]
+    warning = (
+        [
+            f"note: efficiency above {100 * SUPERLINEAR:.0f}% at N = "
+            f"{', '.join(map(str, above))}: each worker ran faster than the baseline's. Usually "
+            "the baseline was slowed (other load on the machine, or more torch threads per "
+            "worker than free cores: hold them fixed with -o scaling.threads_per_worker=K), "
+            "sometimes a smaller per-worker batch fits a cache."
+        ]
+        if above
+        else []
+    )
     formula = "E = X_N / (N x X_1)" if base == 1 else f"E = (X_N / N) / (X_{base} / {base})"
     return "\n".join(
         [
@@ -206,6 +226,7 @@ def format_report(result: dict[str, Any]) -> str:
             f"X = global {unit}/s over the timed steps; {formula}; ideal = N x X_1 per worker "
             f"of the baseline; step time: {result['timing']}.",
             f"runs: {result['bench_dir']}",
+            *warning,
         ]
     )
 

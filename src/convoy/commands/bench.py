@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Any
 
 ALLREDUCE_EXAMPLES = """\
@@ -140,15 +141,23 @@ def _add_output_args(parser: argparse.ArgumentParser, what: str) -> None:
 
 
 def _check_plot(args: argparse.Namespace) -> None:
-    """Fail before anything launches when a plot is asked for and matplotlib is missing."""
+    """Fail before anything launches when a plot is asked for and cannot be written: no
+    matplotlib, a path that is a directory or has no image suffix, a folder that cannot be
+    made (a missing folder is created)."""
     if args.plot:
-        from convoy.bench.plots import pyplot
+        from convoy.bench.plots import check_plot_path, pyplot
 
         pyplot()
+        check_plot_path(args.plot)
 
 
 def _print(args: argparse.Namespace, result: dict[str, Any], text: str) -> None:
     print(json.dumps(result, indent=2) if args.json else text)
+
+
+def _plotted(args: argparse.Namespace, path: str) -> None:
+    """Say where the figure went (on stderr under --json, so stdout stays one JSON document)."""
+    print(f"plot: {path}", file=sys.stderr if args.json else sys.stdout)
 
 
 def cmd_allreduce(args: argparse.Namespace) -> int:
@@ -170,7 +179,7 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
     result = allreduce.run_allreduce(job, sweep)
     _print(args, result, allreduce.format_table(result))
     if args.plot:
-        allreduce.plot(result, args.plot)
+        _plotted(args, allreduce.plot(result, args.plot))
     return 0
 
 
@@ -182,7 +191,7 @@ def cmd_scaling(args: argparse.Namespace) -> int:
     result = scaling.run_scaling(plan)
     _print(args, result, scaling.format_report(result))
     if args.plot:
-        scaling.plot(result, args.plot)
+        _plotted(args, scaling.plot(result, args.plot))
     return 0
 
 
@@ -194,5 +203,5 @@ def cmd_compare(args: argparse.Namespace) -> int:
     result = compare.run_compare(plan)
     _print(args, result, compare.format_report(result))
     if args.plot:
-        compare.plot(result, args.plot)
+        _plotted(args, compare.plot(result, args.plot))
     return 0

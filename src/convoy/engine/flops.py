@@ -100,11 +100,24 @@ def mfu(flops_per_second_per_device: float, peak: float | None) -> float | None:
     return None if peak is None else flops_per_second_per_device / peak
 
 
+SI_PREFIXES = (("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3))
+
+
+def format_flops(flops: float, unit: str = "FLOP/s") -> str:
+    """``1.36e9`` -> ``1.36 GFLOP/s``: the largest prefix up to T that keeps the value >= 0.1, so a
+    small model's rate reads as a number, not ``0.00 TFLOP/s``."""
+    for prefix, scale in SI_PREFIXES:
+        if abs(flops) >= 0.1 * scale:
+            return f"{flops / scale:,.2f} {prefix}{unit}"
+    return f"{flops:,.2f} {unit}"
+
+
 def format_throughput(tflops: float | None, utilisation: float | None, on_cpu: bool) -> str:
-    """``12.3 TFLOP/s MFU 41.2%``, ``0.02 TFLOP/s`` on CPU, ``... (unknown peak)`` elsewhere."""
+    """``12.3 TFLOP/s MFU 41.2%``, ``1.36 GFLOP/s`` on CPU, ``... (unknown peak)`` elsewhere
+    (``tflops`` is in TFLOP/s; the text takes the prefix that shows it)."""
     if tflops is None:
         return ""
-    text = f"{tflops:,.2f} TFLOP/s"
+    text = format_flops(tflops * 1e12)
     if utilisation is not None:
         return f"{text} MFU {100 * utilisation:.1f}%"
     return text if on_cpu else f"{text} (unknown peak)"
