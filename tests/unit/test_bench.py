@@ -415,3 +415,18 @@ def test_scaling_report_flags_efficiency_above_ideal() -> None:
     assert "threads_per_worker" in text
     result["sizes"] = result["sizes"][:2]  # type: ignore[index]
     assert "note:" not in format_report(result)
+
+
+@pytest.mark.parametrize("benchmark", ["allreduce", "scaling", "compare"])
+def test_help_is_wrapped_and_every_option_explained(
+    benchmark: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from convoy.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["bench", benchmark, "--help"])
+    out = capsys.readouterr().out
+    assert max(len(line) for line in out.splitlines()) <= 100
+    assert "--max-\n" not in out
+    if benchmark == "scaling":
+        assert "weak: per-worker batch fixed" in out

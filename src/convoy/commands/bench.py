@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from typing import Any
 
 ALLREDUCE_EXAMPLES = """\
@@ -88,8 +89,16 @@ def add_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_recipe_args(scaling)
-    scaling.add_argument("--workers", default="1,2,4", help="world sizes (default 1,2,4)")
-    scaling.add_argument("--mode", choices=["weak", "strong"], default="weak")
+    scaling.add_argument(
+        "--workers", metavar="N,N,...", default="1,2,4", help="world sizes (default 1,2,4)"
+    )
+    scaling.add_argument(
+        "--mode",
+        choices=["weak", "strong"],
+        default="weak",
+        help="weak: per-worker batch fixed, global batch N x it (default); strong: the "
+        "recipe's global batch split over N",
+    )
     scaling.add_argument(
         "--per-worker-batch",
         type=int,
@@ -125,6 +134,10 @@ def add_parser(commands: Any) -> None:
     )
     _add_output_args(compare, "the runs")
     compare.set_defaults(handler=cmd_compare)
+    for parser in (allreduce, scaling, compare):  # raw epilogs; wrap the long descriptions
+        parser.description = textwrap.fill(
+            parser.description or "", width=88, break_on_hyphens=False
+        )
 
 
 def _add_step_args(parser: argparse.ArgumentParser) -> None:
@@ -134,7 +147,12 @@ def _add_step_args(parser: argparse.ArgumentParser) -> None:
 
 def _add_output_args(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument("--json", action="store_true", help="print the results as JSON")
-    parser.add_argument("--plot", metavar="PATH", help="write a PNG figure (needs convoy[plot])")
+    parser.add_argument(
+        "--plot",
+        metavar="PATH",
+        help="write the figure: .png, .svg or .pdf (a missing folder is created; needs "
+        "convoy[plot])",
+    )
     parser.add_argument(
         "--out", metavar="DIR", help=f"where {what} go (default: <run.storage_dir>/bench)"
     )
