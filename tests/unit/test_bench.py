@@ -430,3 +430,33 @@ def test_help_is_wrapped_and_every_option_explained(
     assert "--max-\n" not in out
     if benchmark == "scaling":
         assert "weak: per-worker batch fixed" in out
+
+
+def test_threads_per_worker_are_held_fixed_across_sizes(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """1 worker would otherwise get every core and 2 workers half each: not like for like."""
+    from convoy.bench import compare, scaling
+
+    monkeypatch.setattr("convoy.distributed.usable_cpus", lambda: 8.0)
+    plan = scaling.make_plan(
+        _namespace(tmp_path, workers="1,2,4", override=["scaling.launcher=torchrun"])  # type: ignore[arg-type]
+    )
+    assert {job.scaling.threads_per_worker for job in plan.jobs.values()} == {2}
+    plan = compare.make_plan(
+        _namespace(
+            tmp_path, workers=2, strategies="single,ddp", override=["scaling.launcher=torchrun"]
+        )  # type: ignore[arg-type]
+    )
+    assert {job.scaling.threads_per_worker for job in plan.jobs.values()} == {4}
+    # The user's own count, and Ray's per-worker CPUs, are left alone.
+    plan = scaling.make_plan(
+        _namespace(
+            tmp_path,
+            workers="1,2",
+            override=["scaling.launcher=torchrun", "scaling.threads_per_worker=3"],
+        )  # type: ignore[arg-type]
+    )
+    assert {job.scaling.threads_per_worker for job in plan.jobs.values()} == {3}
+    plan = scaling.make_plan(
+        _namespace(tmp_path, workers="1,2", override=["scaling.launcher=ray"])  # type: ignore[arg-type]
+    )
+    assert {job.scaling.threads_per_worker for job in plan.jobs.values()} == {None}

@@ -43,6 +43,7 @@ from convoy.bench.runs import (
     device_label,
     engine_overrides,
     launch_and_measure,
+    pinned_threads,
 )
 from convoy.config import STRATEGY_NAMES, Job, load_job
 from convoy.errors import ConfigError, one_of
@@ -134,6 +135,7 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
         extra = [
             f"strategy.name={name}",
             f"run.seed={base.run.seed}",
+            *pinned_threads(base, max(args.workers, 1)),
             *engine_overrides(bench_dir, name, workers, args.steps, args.warmup),
         ]
         jobs[name] = bench_job(args.recipe, args.override, extra, ("--workers", args.workers))

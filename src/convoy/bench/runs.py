@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convoy.bench.common import spread
-from convoy.config import Job, load_job
+from convoy.config import Job, load_job, torchrun_layout
+from convoy.distributed import default_threads
 from convoy.errors import ConfigError
 from convoy.outputs import read_metrics
 
@@ -41,6 +42,26 @@ def engine_overrides(storage: str, name: str, workers: int, steps: int, warmup: 
         f"run.storage_dir={storage}",
         f"run.name={name}",
     ]
+
+
+def pinned_threads(job: Job, largest: int) -> list[str]:
+    """Hold torch's threads per worker fixed across sizes (unless the user set them).
+
+    Under ``local`` and ``torchrun`` a worker's default is the node's CPUs split between its
+    workers, so 1 worker would get every core and N workers 1/N each: the sizes would not be
+    like for like. The count the largest size gets on a node is used for every size. Under
+    Ray a worker's threads follow its ``cpus_per_worker``, the same at every size.
+    """
+    if job.scaling.threads_per_worker is not None or job.scaling.launcher == "ray":
+        return []
+    per_node = 1
+    if job.scaling.launcher == "torchrun":
+        scaling = job.scaling.model_copy(update={"num_workers": largest})
+        try:
+            per_node = torchrun_layout(scaling)[1]
+        except ConfigError:  # bench_job refuses this size, naming the flag
+            return []
+    return [f"scaling.threads_per_worker={default_threads(per_node)}"]
 
 
 # The fields a benchmark sets from its --workers flag: an error about them is about the flag.

@@ -28,7 +28,13 @@ from convoy.bench.common import (
     markdown_table,
     parse_int_list,
 )
-from convoy.bench.runs import bench_job, device_label, engine_overrides, launch_and_measure
+from convoy.bench.runs import (
+    bench_job,
+    device_label,
+    engine_overrides,
+    launch_and_measure,
+    pinned_threads,
+)
 from convoy.config import Job, load_job
 from convoy.errors import ConfigError
 
@@ -110,6 +116,7 @@ def make_plan(args: argparse.Namespace) -> ScalingPlan:
             args.override,
             [
                 f"data.batch_size={batches[n]}",
+                *pinned_threads(base, max(workers)),
                 *engine_overrides(f"{storage}/{bench_dir}", f"n{n}", n, args.steps, args.warmup),
             ],
             ("--workers", args.workers),
