@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from convoy.errors import ConvoyError
+from convoy.errors import ConfigError, ConvoyError
 
 REMOTE_SCHEMES = ("s3://",)
 T = TypeVar("T")
@@ -252,3 +252,35 @@ def atomic_write(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text)
     tmp.replace(path)
+
+
+def check_writable_dir(path: str, flag: str, shown: str | None = None) -> None:
+    """Refuse a local folder that is a file or cannot be created (its nearest existing
+    ancestor is not a writable folder), creating nothing; ``s3://`` is not checked here.
+    The error names ``flag`` and ``shown`` (default ``path``)."""
+    shown = path if shown is None else shown
+    if path.startswith("s3://"):
+        return
+    target = Path(path).expanduser()
+    if target.exists() and not target.is_dir():
+        raise ConfigError(flag, shown, f"a folder ({path} is a file)")
+    missing = []
+    existing = target
+    while not existing.exists():
+        missing.append(existing)
+        existing = existing.parent
+    problem = None
+    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
+        problem = f"{existing} is not a writable folder"
+    else:
+        try:  # make the missing folders, then take them away again: nothing is left behind
+            for folder in reversed(missing):
+                folder.mkdir()
+        except OSError as exc:
+            problem = f"cannot create {folder}: {exc.strerror or exc}"
+        finally:
+            for folder in missing:
+                if folder.is_dir():
+                    folder.rmdir()
+    if problem:
+        raise ConfigError(flag, shown, f"a folder that can be created or written ({problem})")

@@ -318,8 +318,9 @@ def test_plot_into_a_missing_folder_creates_it(tmp_path) -> None:  # type: ignor
 
 
 def test_out_folder_is_checked_and_nothing_is_left_behind(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from convoy.bench.common import bench_storage, check_out_dir
+    from convoy.bench.common import bench_storage
     from convoy.config import load_job
+    from convoy.storage import check_writable_dir as check_out_dir
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(ConfigError, match=r"--out: got .*is a file"):

@@ -369,3 +369,17 @@ def test_an_elastic_torchrun_config_survives_its_own_saved_yaml(tmp_path: Path) 
     saved = tmp_path / "config.yaml"  # what the workers load
     saved.write_text(job_to_yaml(job))
     assert nnodes_argument(load_job(saved)) == "1:2"
+
+
+def test_an_unwritable_storage_dir_is_refused_before_any_worker(tmp_path: Path) -> None:
+    import convoy
+    from convoy.config import load_job
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    job = load_job(
+        None, ["scaling.launcher=local", "scaling.num_workers=1", f"run.storage_dir={blocker}/runs"]
+    )
+    with pytest.raises(ConfigError, match=r"^run.storage_dir: got '.*a-file/runs'; a folder"):
+        convoy.train(job)
+    assert blocker.read_text() == "not a folder"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-import os
 import re
 import secrets
 import statistics
@@ -16,6 +15,7 @@ from pydantic import ValidationError
 
 from convoy.config import Job, ScalingConfig, apply_overrides, job_from_dict, load_job, world_sizes
 from convoy.errors import ConfigError
+from convoy.storage import check_writable_dir
 
 _UNITS = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
 _SIZE = re.compile(r"(\d+)\s*([KMGT]?)(I?B)?", re.IGNORECASE)
@@ -97,45 +97,13 @@ def bench_storage(job: Job, out: str | None) -> str:
     """Where a benchmark's runs go: ``--out``, else ``<run.storage_dir>/bench``; a local one is
     checked (it can be created) before anything launches."""
     if out:
-        check_out_dir(out, "--out")
+        check_writable_dir(out, "--out")
         return out
     storage = job.run.storage_dir
     if storage.startswith("s3://"):
         return f"{storage.rstrip('/')}/bench"
-    check_out_dir(storage, "run.storage_dir")
+    check_writable_dir(storage, "run.storage_dir")
     return str(Path(storage) / "bench")
-
-
-def check_out_dir(path: str, flag: str, shown: str | None = None) -> None:
-    """Refuse a local folder that is a file or cannot be created (its nearest existing
-    ancestor is not a writable folder), creating nothing; ``s3://`` is not checked here.
-    The error names ``flag`` and ``shown`` (default ``path``)."""
-    shown = path if shown is None else shown
-    if path.startswith("s3://"):
-        return
-    target = Path(path).expanduser()
-    if target.exists() and not target.is_dir():
-        raise ConfigError(flag, shown, f"a folder ({path} is a file)")
-    missing = []
-    existing = target
-    while not existing.exists():
-        missing.append(existing)
-        existing = existing.parent
-    problem = None
-    if not existing.is_dir() or not os.access(existing, os.W_OK | os.X_OK):
-        problem = f"{existing} is not a writable folder"
-    else:
-        try:  # make the missing folders, then take them away again: nothing is left behind
-            for folder in reversed(missing):
-                folder.mkdir()
-        except OSError as exc:
-            problem = f"cannot create {folder}: {exc.strerror or exc}"
-        finally:
-            for folder in missing:
-                if folder.is_dir():
-                    folder.rmdir()
-    if problem:
-        raise ConfigError(flag, shown, f"a folder that can be created or written ({problem})")
 
 
 def load_job_without_data(recipe: str | None, overrides: list[str]) -> Job:

@@ -29,14 +29,14 @@ FORMATS = (".png", ".svg", ".pdf")
 def check_plot_path(path: str) -> None:
     """Refuse, before anything runs, a ``--plot`` path that cannot take a figure: a folder,
     no image suffix, or a folder that cannot be created (a missing one is made when saving)."""
-    from convoy.bench.common import check_out_dir
+    from convoy.storage import check_writable_dir
 
     target = Path(path).expanduser()
     if target.is_dir():
         raise ConfigError("--plot", path, "a file path ending in .png (this is a folder)")
     if target.suffix.lower() not in FORMATS:
         raise ConfigError("--plot", path, f"a file path ending in {', '.join(FORMATS)}")
-    check_out_dir(str(target.parent), "--plot", path)
+    check_writable_dir(str(target.parent), "--plot", path)
 
 
 def log2_x(axis: Any, ticks: list[int], labels: list[str] | None = None) -> None:

@@ -22,7 +22,7 @@ import torch
 from convoy.config import Job
 from convoy.distributed import WorkerContext
 from convoy.errors import ConfigError, ResourceError
-from convoy.storage import is_remote
+from convoy.storage import check_writable_dir, is_remote
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,8 @@ class Launcher(ABC):
         from convoy.preflight import preflight
 
         checked = preflight(job) if entry.preflight else job
+        # Before any worker starts, not as a traceback from rank 0's first write.
+        check_writable_dir(job.run.storage_dir, "run.storage_dir")
         return self.start(resolve_run(checked), entry)
 
     @abstractmethod
