@@ -192,6 +192,13 @@ def peak_memory_bytes(device: torch.device) -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def peak_reserved_bytes(device: torch.device) -> int | None:
+    """Peak memory the CUDA caching allocator reserved (None off the GPU: no allocator)."""
+    if device.type == "cuda":
+        return int(torch.cuda.max_memory_reserved(device))
+    return None
+
+
 def exit_without_teardown(code: int = 0) -> NoReturn:
     """Flush and exit a worker process now, skipping interpreter teardown.
 

@@ -213,8 +213,10 @@ def loss_gap(losses: list[float], reference: list[float]) -> float | None:
 def peak_memory(job: Job, run: Measured) -> tuple[list[int] | None, str]:
     """Peak memory per rank and where it comes from (never the resident set on CPU)."""
     if job.scaling.use_gpu:
+        reserved = run.summary.get("peak_memory_reserved_bytes_per_rank") or []
+        shown = f"; reserved up to {format_bytes(max(reserved))}" if reserved else ""
         return list(run.summary["peak_memory_bytes_per_rank"]), (
-            "CUDA allocator peak allocated (torch.cuda.max_memory_allocated)"
+            f"CUDA allocator peak allocated (torch.cuda.max_memory_allocated){shown}"
         )
     if job.strategy.name == "fsdp":
         return None, "n/a for fsdp on CPU: torch's trackers cannot follow FSDP1's flat parameters"

@@ -38,6 +38,7 @@ from convoy.distributed import (
     all_gather_objects,
     all_reduce_sum,
     peak_memory_bytes,
+    peak_reserved_bytes,
     process_group,
     worker_threads,
 )
@@ -548,6 +549,7 @@ def _summary(
     samples_per_second = timers.samples / max(timers.train_seconds, 1e-9)
     throughput = state.throughput
     peak_memory = all_gather_objects(peak_memory_bytes(ctx.device))
+    peak_reserved = all_gather_objects(peak_reserved_bytes(ctx.device))
     end = time.time()
     return {
         "run_name": job.run.name,
@@ -577,6 +579,7 @@ def _summary(
         "mfu": throughput.mfu(samples_per_second, ctx.world_size),
         "data_wait_fraction": timers.data_wait_seconds / max(timers.train_seconds, 1e-9),
         "peak_memory_bytes_per_rank": peak_memory,
+        "peak_memory_reserved_bytes_per_rank": None if None in peak_reserved else peak_reserved,
     }
 
 
