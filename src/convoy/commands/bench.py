@@ -204,22 +204,20 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 def cmd_scaling(args: argparse.Namespace) -> int:
     from convoy.bench import scaling
 
-    _check_plot(args)
-    plan = scaling.make_plan(args)
-    result = scaling.run_scaling(plan)
-    _print(args, result, scaling.format_report(result))
-    if args.plot:
-        _plotted(args, scaling.plot(result, args.plot))
-    return 0
+    return _plan_run_report(args, scaling.make_plan, scaling.run_scaling, scaling)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from convoy.bench import compare
 
+    return _plan_run_report(args, compare.make_plan, compare.run_compare, compare)
+
+
+def _plan_run_report(args: argparse.Namespace, make_plan: Any, run_plan: Any, module: Any) -> int:
+    """Check everything (plot path, every job), run, print the report, draw the plot."""
     _check_plot(args)
-    plan = compare.make_plan(args)
-    result = compare.run_compare(plan)
-    _print(args, result, compare.format_report(result))
+    result = run_plan(make_plan(args))
+    _print(args, result, module.format_report(result))
     if args.plot:
-        _plotted(args, compare.plot(result, args.plot))
+        _plotted(args, module.plot(result, args.plot))
     return 0
