@@ -98,13 +98,12 @@ def markdown(results: dict[str, list[CheckRow]], big: dict[str, Any] | None, sec
     if misses:
         lines += [
             "",
-            f"Outside ±10%: {'; '.join(misses)}. All are models of a few KiB whose whole peak "
-            "is tens of KiB: the plan's backward transient (2x the largest saved storage: "
-            "right for the logits under cross-entropy, which need their gradient and the "
-            "log-softmax's, and for GroupNorm's input) counts a second 4 KiB hidden "
-            "activation of a 32-wide MLP that the tracker never sees live at once with the "
-            "first. The plan errs on the safe side there; every model above a MiB is within "
-            "±10%.",
+            f"Outside ±10%: {'; '.join(misses)}. The backward transient is measured (backward "
+            "run on fake tensors), so what is left is FSDP2's working set on a model of a few "
+            "KiB: the plan holds the largest unit's unsharded copy, the next unit all-gathered "
+            "ahead and the unit's fp32 gradients at once, but a one-block model has no next "
+            "unit to prefetch when its block's gradients are produced. The plan errs on the "
+            "safe side there.",
         ]
     if big:
         lines += one_b_section(big)

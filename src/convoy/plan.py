@@ -11,11 +11,15 @@ optimizer and strategy, without Ray, workers or a GPU:
   forward under ``FakeTensorMode`` (no memory, any size) in the precision the strategy runs
   (autocast for single/ddp, bf16 parameters for FSDP with ``precision: bf16``), plus the
   output the loop keeps for its metrics;
-- **backward transient**: the gradients of the largest saved activation and of its input
-  (2x the largest saved storage; for a language model, the logits);
+- **backward transient**: the most bytes backward holds beyond the saved activations
+  (gradients of activations, e.g. of the logits and the log-softmax; one parameter's gradient
+  as it is produced), measured by running that micro-batch's backward on fake tensors while
+  following which storages are live: autograd frees saved activations as it passes their
+  nodes, so this is not a fixed multiple of the largest one;
 - **communication buffers**: DDP's gradient buckets (1x gradients: Convoy's DDP keeps
   ``gradient_as_bucket_view`` off), FSDP's working set (the largest wrap unit unsharded,
-  plus the next one all-gathered ahead, in the parameter dtype);
+  plus the next one all-gathered ahead, in the parameter dtype; FSDP2 all-gathers into
+  separate unsharded storages even on one rank, FSDP1 switches to ``NO_SHARD`` there);
 - **optimizer-step transient**: what one step of the recipe's optimizer allocates on top of
   its state (AdamW's foreach path: ``exp_avg_sq.sqrt()`` for a parameter group and the
   per-tensor temporaries), measured by one step on fake tensors of this rank's shapes.
@@ -30,15 +34,18 @@ runs the real step under torch's memory trackers and compares.
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import re
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from convoy.config import (
     DDPStrategyConfig,
@@ -314,19 +321,63 @@ def local_shapes(
 
 @dataclass(frozen=True)
 class Activations:
-    """What one micro-batch's forward leaves for backward."""
+    """What one micro-batch's forward leaves for backward, and what backward adds to it."""
 
     saved: int
     """Bytes of the distinct storages autograd saved (parameters excluded), plus the output."""
     largest: int
     """The largest one of them."""
+    backward: int = 0
+    """The backward transient: the most bytes live during backward beyond those live when it
+    starts (gradients of activations, and one parameter's gradient as it is produced; the
+    parameters' accumulated gradients are counted as gradients, not here), measured by
+    running backward; saved activations freed as backward passes their nodes make room."""
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Follows the storages ops allocate (each counted once, until it is freed) and the
+    most bytes live at once. ``forget`` stops counting a storage (a parameter's gradient)."""
+
+    def __init__(self, skip: set[Any]) -> None:
+        super().__init__()
+        self.skip = skip
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[Any, int] = {}
+        self._refs: dict[Any, weakref.ref[Any]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        out = func(*args, **(kwargs or {}))
+        for tensor in _tensors(out):
+            storage = tensor.untyped_storage()
+            key = StorageWeakRef(storage)
+            if key in self.skip or key in self._sizes:
+                continue
+            self._sizes[key] = storage.nbytes()
+            self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
+            self.live += self._sizes[key]
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _freed(self, key: Any, _ref: Any = None) -> None:
+        self._refs.pop(key, None)
+        self.live -= self._sizes.pop(key, 0)
+
+    def forget(self, tensor: torch.Tensor | None) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if tensor is not None:
+            self._freed(StorageWeakRef(tensor.untyped_storage()))
 
 
 def measure_activations(
     job: Job, source: ModelSource, rows: int, cast_params: torch.dtype | None
 ) -> Activations:
     """Run the model and the task's loss on a fake micro-batch of ``rows`` samples and sum
-    the storages autograd saves. ``cast_params``: the dtype FSDP computes in (its parameters
+    the storages autograd saves; then run backward and measure its transient (see
+    ``Activations.backward``). ``cast_params``: the dtype FSDP computes in (its parameters
     are cast), or ``None`` for autocast (single/ddp) in the job's precision."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.multiprocessing.reductions import StorageWeakRef
@@ -343,6 +394,7 @@ def measure_activations(
         skeleton = skeleton.to(cast_params)
     with mode:
         model = to_fake(skeleton, torch.device("cpu"))
+        params = [p for p in model.parameters() if p.requires_grad]
         owned = {
             StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]
         }
@@ -356,15 +408,30 @@ def measure_activations(
 
         dtype = compute_dtype(job)
         autocast = cast_params is None and dtype != torch.float32
-        with (
-            torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
-            torch.autocast("cpu", dtype=dtype, enabled=autocast),
-        ):
-            outputs = task.forward(model, inputs)
-            task.loss_sum(outputs, targets)
-        for out in _tensors(outputs):
-            saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
-    return Activations(sum(saved.values()), max(saved.values(), default=0))
+        tracker = _LiveBytes(owned)
+        with tracker:
+            with (
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+                torch.autocast("cpu", dtype=dtype, enabled=autocast),
+            ):
+                outputs = task.forward(model, inputs)
+                loss = task.loss_sum(outputs, targets)
+            for out in _tensors(outputs):
+                saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
+            backward = 0
+            if loss.requires_grad:
+                # Parameters' gradients are the plan's `grads`: each is counted as it is
+                # produced (it is live then, with the activations), then left out.
+                hooks = [
+                    p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad))
+                    for p in params
+                ]
+                start = tracker.peak = tracker.live
+                loss.backward()
+                backward = tracker.peak - start
+                for hook in hooks:
+                    hook.remove()
+    return Activations(sum(saved.values()), max(saved.values(), default=0), backward)
 
 
 def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
@@ -507,6 +574,13 @@ CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "comm")
 or the FSDP unsharded working set."""
 
 
+def gathers(strategy: str, world_size: int) -> bool:
+    """Whether ``strategy`` all-gathers parameters into unsharded copies: FSDP2 at any world
+    size (its sharded and unsharded parameters are separate storages even on one rank);
+    FSDP1 only on more than one (it switches to ``NO_SHARD`` on one)."""
+    return strategy == "fsdp2" or (strategy == "fsdp" and world_size > 1)
+
+
 @dataclass(frozen=True)
 class Layout:
     """One strategy on one world size: per-rank bytes at each moment, and the peak."""
@@ -587,7 +661,7 @@ class Planner:
         params = grads = 4 * local  # fp32 master weights and gradients
         opt = self.optimizer(strategy, world_size)
         acts = self.activations(strategy, rows)
-        backward_temp = 2 * acts.largest
+        backward_temp = acts.backward
         comm = self._comm(job, strategy, world_size)
         # Accumulation: later micro-steps run with the gradients of earlier ones; no_sync
         # keeps them unsharded under FSDP.
@@ -612,7 +686,7 @@ class Planner:
                 "comm": ddp_buckets,
             },
         }
-        if strategy in SHARDED and world_size > 1:
+        if gathers(strategy, world_size):
             # Backward through the largest unit: it is unsharded, the next one is being
             # all-gathered, and its full gradients wait for the reduce-scatter (fp32).
             moments["backward (unit)"] = {
@@ -645,7 +719,7 @@ class Planner:
         all-gathers the next one ahead, in the dtype it computes in."""
         if strategy == "ddp":
             return 4 * self.param_count
-        if strategy not in SHARDED or world_size == 1:
+        if not gathers(strategy, world_size):
             return 0
         dtype = compute_dtype(job)
         itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
