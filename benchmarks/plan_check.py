@@ -95,16 +95,16 @@ def markdown(results: dict[str, list[CheckRow]], big: dict[str, Any] | None, sec
         "",
         f"Ratios over {len(ratios)} tracked layouts: min {min(ratios):.3f}, max {max(ratios):.3f}.",
     ]
-    if misses:
-        lines += [
-            "",
-            f"Outside ±10%: {'; '.join(misses)}. The backward transient is measured (backward "
-            "run on fake tensors), so what is left is FSDP2's working set on a model of a few "
-            "KiB: the plan holds the largest unit's unsharded copy, the next unit all-gathered "
-            "ahead and the unit's fp32 gradients at once, but a one-block model has no next "
-            "unit to prefetch when its block's gradients are produced. The plan errs on the "
-            "safe side there.",
-        ]
+    lines += [
+        "",
+        f"Outside ±10%: {'; '.join(misses)}."
+        if misses
+        else "Every tracked layout is within ±10%. FSDP2's working set is planned as "
+        "`fully_shard` runs it: the root reshards after forward too (Convoy passes "
+        "`reshard_after_forward`), forward keeps a unit's all-gather output beside its "
+        "unsharded copy, backward all-gathers only the unit that ran before (the first "
+        "block has none), and the loss's own backward meets nothing unsharded.",
+    ]
     if big:
         lines += one_b_section(big)
     return "\n".join(lines) + "\n"
@@ -177,9 +177,10 @@ def one_b_section(big: dict[str, Any]) -> list[str]:
         f"{format_bytes(state8)} of model state (= 16Ψ/8) but peaks at "
         f"{format_bytes(fsdp8.peak)} (tracked "
         f"{format_bytes(tracked[('fsdp2', 8)].tracked_total or 0)}): activations of one "
-        f"sequence ({format_bytes(fsdp8.activations)}), the largest wrap unit unsharded plus "
-        f"the next one all-gathered ({format_bytes(fsdp8.comm)}), and the unit's fp32 gradients "
-        f"before the reduce-scatter; the unsharded working set does not shrink with N. The "
+        f"sequence ({format_bytes(fsdp8.activations)}) and FSDP's unsharded working set "
+        f"({format_bytes(fsdp8.comm)} at most: the root, a block unsharded beside its "
+        f"all-gather output or the block before it all-gathered ahead, and the block's "
+        f"gradients before the reduce-scatter), which does not shrink with N. The "
         f"table's 1/N figure is {(tracked[('fsdp2', 8)].tracked_total or 0) / (2 * params):.1f}x "
         "too small there.",
         f"- DDP is not 16Ψ either: its gradient buckets add another 4Ψ "

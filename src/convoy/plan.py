@@ -17,17 +17,21 @@ optimizer and strategy, without Ray, workers or a GPU:
   following which storages are live: autograd frees saved activations as it passes their
   nodes, so this is not a fixed multiple of the largest one;
 - **communication buffers**: DDP's gradient buckets (1x gradients: Convoy's DDP keeps
-  ``gradient_as_bucket_view`` off), FSDP's working set (the largest wrap unit unsharded,
-  plus the next one all-gathered ahead, in the parameter dtype; FSDP2 all-gathers into
-  separate unsharded storages even on one rank, FSDP1 switches to ``NO_SHARD`` there);
+  ``gradient_as_bucket_view`` off), FSDP's working set: FSDP2's as ``fully_shard`` runs
+  it (``Planner._fsdp2_held``: the root and each block unsharded in turn, all-gather outputs,
+  the one unit gathered ahead in backward where there is one, the unit's gradients before
+  the reduce-scatter; separate unsharded storages even on one rank), FSDP1's the largest
+  wrap unit unsharded plus the next one all-gathered ahead (``NO_SHARD`` on one rank);
 - **optimizer-step transient**: what one step of the recipe's optimizer allocates on top of
   its state (AdamW's foreach path: ``exp_avg_sq.sqrt()`` for a parameter group and the
   per-tensor temporaries), measured by one step on fake tensors of this rank's shapes.
 
-The peak is the largest of three moments: the start of backward (activations and the
-backward transient), backward through the largest wrap unit under FSDP (activations, the
-unit unsharded and the next one all-gathered, its full fp32 gradients before the
-reduce-scatter), and the optimizer step (gradients, state and its transient). ``convoy.plan_check``
+The peak is the largest of a few moments: the start of backward (activations and the
+backward transient), under FSDP2 the model's forward (its most bytes live at once, with the
+batch) and backward within the model (the transient from the outputs' gradient on), each
+with what FSDP2 holds then, and backward through a unit (FSDP1: the largest, with the next
+one all-gathered and its fp32 gradients), and the optimizer step (gradients, state and its
+transient). ``convoy.plan_check``
 runs the real step under torch's memory trackers and compares.
 """
 
@@ -287,6 +291,13 @@ def wrap_units(model: nn.Module) -> list[list[nn.Parameter]]:
     """Parameters grouped as the FSDP strategies wrap them: one group per block found by
     ``convoy.strategies.base.transformer_blocks`` (the rule the strategies use), then the
     root's remaining parameters. Shared parameters count once."""
+    blocks, root = blocks_and_root(model)
+    return [unit for unit in [*blocks, root] if unit]
+
+
+def blocks_and_root(model: nn.Module) -> tuple[list[list[nn.Parameter]], list[nn.Parameter]]:
+    """``wrap_units`` apart: the blocks' parameter groups in model order (the order they run
+    in forward), and the root's remaining parameters (possibly none)."""
     from convoy.strategies.base import transformer_blocks
 
     with warnings.catch_warnings():
@@ -298,7 +309,7 @@ def wrap_units(model: nn.Module) -> list[list[nn.Parameter]]:
         unit = [p for p in module.parameters() if id(p) not in seen]
         seen.update(id(p) for p in unit)
         units.append(unit)
-    return [unit for unit in units if unit]
+    return [unit for unit in units[:-1] if unit], units[-1]
 
 
 def shard_numel(param: torch.Tensor, world_size: int) -> int:
@@ -332,6 +343,13 @@ class Activations:
     starts (gradients of activations, and one parameter's gradient as it is produced; the
     parameters' accumulated gradients are counted as gradients, not here), measured by
     running backward; saved activations freed as backward passes their nodes make room."""
+    backward_in_model: int = 0
+    """The part of ``backward`` from the moment the model's outputs have their gradient (the
+    loss's own backward done): what FSDP's backward working set meets. Before it FSDP holds
+    nothing unsharded (every unit, the root too, resharded after forward)."""
+    forward: int = 0
+    """The most bytes live at once during the model's forward (what it has saved so far and
+    the ops in flight), plus the batch: what FSDP's forward working set meets."""
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -387,8 +405,11 @@ def measure_activations(
     task = build_task(job.task.name, job.task.kwargs)
     mode = FakeTensorMode()
     inputs, targets = fake_batch(source.sample, rows, mode)
+    batch = _storage_bytes([*_tensors(inputs), *_tensors(targets)])
     if cast_params is not None:  # FSDP casts floating-point inputs to its param dtype
-        inputs = _cast_floats(inputs, cast_params)
+        cast = _cast_floats(inputs, cast_params)
+        batch += _storage_bytes([t for t in _tensors(cast) if t.is_floating_point()])
+        inputs = cast
     skeleton = build_skeleton(job, source)  # outside the fake mode: a real build may need values
     if cast_params is not None:  # FSDP's MixedPrecision: parameters cast, no autocast
         skeleton = skeleton.to(cast_params)
@@ -415,10 +436,11 @@ def measure_activations(
                 torch.autocast("cpu", dtype=dtype, enabled=autocast),
             ):
                 outputs = task.forward(model, inputs)
+                forward = tracker.peak + batch
                 loss = task.loss_sum(outputs, targets)
             for out in _tensors(outputs):
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
-            backward = 0
+            backward = in_model = 0
             if loss.requires_grad:
                 # Parameters' gradients are the plan's `grads`: each is counted as it is
                 # produced (it is live then, with the activations), then left out.
@@ -427,11 +449,34 @@ def measure_activations(
                     for p in params
                 ]
                 start = tracker.peak = tracker.live
+                marks: list[int] = []
+
+                def reached_model(grad: torch.Tensor) -> None:
+                    if not marks:  # the loss's backward is done: its peak, then the model's
+                        marks.append(tracker.peak)
+                        tracker.peak = tracker.live
+
+                hooks += [
+                    out.register_hook(reached_model)
+                    for out in _tensors(outputs)
+                    if out.requires_grad
+                ]
                 loss.backward()
-                backward = tracker.peak - start
+                backward = max(tracker.peak, *marks) - start
+                in_model = tracker.peak - start if marks else backward
                 for hook in hooks:
                     hook.remove()
-    return Activations(sum(saved.values()), max(saved.values(), default=0), backward)
+    return Activations(
+        sum(saved.values()), max(saved.values(), default=0), backward, in_model, forward
+    )
+
+
+def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    sizes = {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}
+    return sum(sizes.values())
 
 
 def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
@@ -617,7 +662,8 @@ class Planner:
         self.job = job
         self.source = source or load_source(job)
         self.model = build_skeleton(job, self.source)
-        self.units = wrap_units(self.model)
+        self.blocks, self.root = blocks_and_root(self.model)
+        self.units = [unit for unit in [*self.blocks, self.root] if unit]
         self.params = [p for unit in self.units for p in unit]
         self._activations: dict[tuple[int, Any], Activations] = {}
         self._optimizer: dict[tuple[str, int], OptimizerCost] = {}
@@ -686,7 +732,24 @@ class Planner:
                 "comm": ddp_buckets,
             },
         }
-        if gathers(strategy, world_size):
+        if strategy == "fsdp2":
+            # "backward" is the loss's own backward: every unit is resharded then.
+            held = self._fsdp2_held(job, world_size)
+            parts = {
+                "forward (unit)": (acts.forward, 0),
+                "backward (in model)": (acts.saved, acts.backward_in_model),
+                "backward (unit)": (acts.saved, 0),
+            }
+            for name, (live, temp) in parts.items():
+                moments[name] = {
+                    **static,
+                    "grads": accum_grads,
+                    "activations": live,
+                    "temp": temp,
+                    "comm": held[name],
+                }
+            comm = max(held.values())
+        elif gathers(strategy, world_size):
             # Backward through the largest unit: it is unsharded, the next one is being
             # all-gathered, and its full gradients wait for the reduce-scatter (fp32).
             moments["backward (unit)"] = {
@@ -724,6 +787,77 @@ class Planner:
         dtype = compute_dtype(job)
         itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
         return 2 * itemsize * self.largest_unit
+
+    def _fsdp2_held(self, job: Job, world_size: int) -> dict[str, int]:
+        """What ``fully_shard`` holds beyond model state at each moment, rank 0's bytes.
+
+        Convoy passes ``reshard_after_forward`` explicitly, so the root reshards after
+        forward like the blocks. Each unit's unsharded parameters are separate storages of
+        its dim-0-padded size in the param dtype; on more than one rank the all-gather
+        output (the same size) comes first and the copy-out fills them from it. Forward
+        keeps a unit's all-gather output until the next unit's copy-out (the root's until
+        the end of forward); backward frees it right after the copy-out and all-gathers the
+        unit that ran before it in forward ahead (the first block has none). A unit's
+        gradients (its parameters' shapes, param dtype) live until its post-backward copies
+        them into the reduce-scatter input (padded, reduce dtype), after it is resharded;
+        the root's live until the end of backward.
+
+        - ``forward (unit)``: the root unsharded, plus the largest of a unit's all-gather
+          output with its copy (or with the next unit's all-gather output);
+        - ``backward (in model)``, with the part of the backward transient from the model's
+          outputs on (the loss's own backward meets nothing unsharded): the root unsharded
+          with its gradients, the unit in backward unsharded and the one before it
+          all-gathered;
+        - ``backward (unit)``: the same without the transient, at a unit's copy-out, its
+          gradients' production or its reduce-scatter.
+        """
+        param_dtype = compute_dtype(job)
+        cfg = job.strategy
+        reduce_name = cfg.reduce_dtype if isinstance(cfg, FSDP2StrategyConfig) else "fp32"
+        param_size = torch.empty((), dtype=param_dtype, device="meta").element_size()
+        reduce_size = 4 if reduce_name == "fp32" else 2
+        # With accumulation in fp32 the micro-step's gradients add into the accumulated
+        # unsharded ones (counted as grads); otherwise they are new tensors.
+        new_grads = param_dtype != torch.float32 or job.optim.grad_accum_steps == 1
+
+        def padded(unit: Sequence[nn.Parameter]) -> int:
+            return world_size * sum(shard_numel(p, world_size) for p in unit) if unit else 0
+
+        def grads(unit: Sequence[nn.Parameter]) -> int:
+            return param_size * sum(p.numel() for p in unit) if new_grads else 0
+
+        gathered = param_size if world_size > 1 else 0  # all-gather output bytes per element
+        root = param_size * padded(self.root)
+        root_gathered = gathered * padded(self.root)
+        forward = [root_gathered]
+        backward = [root_gathered]
+        unit = [root_gathered]
+        previous_gathered = root_gathered  # forward: the root's output is kept until block 1's
+        ahead = 0  # backward: what block i all-gathers ahead (block i - 1; block 1: nothing)
+        for block in self.blocks:
+            unsharded = param_size * padded(block)
+            own_gathered = gathered * padded(block)
+            reduce_input = reduce_size * padded(block) if world_size > 1 else 0
+            forward += [unsharded + own_gathered, previous_gathered + own_gathered]
+            backward.append(grads(self.root) + unsharded + ahead)
+            unit.append(
+                grads(self.root)
+                + max(
+                    unsharded + own_gathered,
+                    unsharded + grads(block) + ahead,
+                    reduce_input + grads(block) + ahead,
+                )
+            )
+            previous_gathered, ahead = own_gathered, own_gathered
+        if not self.blocks:  # the root alone: its gradients, then its reduce-scatter
+            reduce_input = reduce_size * padded(self.root) if world_size > 1 else 0
+            backward.append(grads(self.root))
+            unit.append(grads(self.root) + reduce_input)
+        return {
+            "forward (unit)": root + max(forward),
+            "backward (in model)": root + max(backward),
+            "backward (unit)": root + max(unit),
+        }
 
     @property
     def largest_unit(self) -> int:

@@ -87,7 +87,28 @@ def test_model_state_by_hand() -> None:
     # each parameter's dim 0 in halves: (16,64) -> 8x64, 16 -> 8, (10,16) -> 5x16, 10 -> 5
     shard = 8 * 64 + 8 + 5 * 16 + 5
     assert (fsdp2.params, fsdp2.grads, fsdp2.optimizer) == (4 * shard, 4 * shard, 8 * shard)
-    assert fsdp2.comm == 2 * 4 * BLOCK  # the largest unit unsharded + the next all-gathered
+    # dims 0 (16, 10) split evenly in 2: no padding. The root (the head) reshards after
+    # forward too; the one block has nothing to all-gather ahead of it in backward.
+    held = {name: parts["comm"] for name, parts in fsdp2.moments.items()}
+    assert held["forward (unit)"] == 4 * (HEAD + 2 * BLOCK)  # block's all-gather output + copy
+    assert held["backward (in model)"] == 4 * (2 * HEAD + BLOCK)  # root and its grads; the block
+    assert held["backward (unit)"] == 4 * (2 * HEAD + 2 * BLOCK)  # + the block's grads
+    assert fsdp2.comm == held["backward (unit)"]
+
+
+def test_fsdp2_gathers_ahead_only_where_a_unit_comes_next() -> None:
+    two = Planner(
+        load_job("recipes/digits_mlp.yaml", [*TINY, "model.kwargs={hidden: 16, depth: 2}"])
+    )
+    second = 16 * 16 + 16  # blocks 64 -> 16, 16 -> 16
+    held = {name: parts["comm"] for name, parts in two.layout("fsdp2", 2).moments.items()}
+    # backward through block 2: root and its grads, block 2 unsharded, block 1 all-gathered
+    assert held["backward (in model)"] == 4 * (2 * HEAD + second + BLOCK)
+    assert held["backward (unit)"] == 4 * (2 * HEAD + max(2 * BLOCK, 2 * second + BLOCK))
+    # one rank: no all-gather output, the unsharded copies are filled from the shards
+    one = {name: parts["comm"] for name, parts in two.layout("fsdp2", 1).moments.items()}
+    assert one["forward (unit)"] == 4 * (HEAD + BLOCK)
+    assert one["backward (in model)"] == 4 * (2 * HEAD + BLOCK)
 
 
 def test_sgd_without_momentum_has_no_state() -> None:
