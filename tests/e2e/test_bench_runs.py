@@ -21,7 +21,10 @@ def bench(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str
 
 
 def data_rows(text: str) -> list[list[str]]:
-    return [line.split() for line in text.splitlines() if line and not line.startswith("#")]
+    """The table's data rows: not its # header and footer, nor the "plot: PATH" line."""
+    return [
+        line.split() for line in text.splitlines() if line and not line.startswith(("#", "plot:"))
+    ]
 
 
 def test_allreduce_over_torchrun_prints_rows_and_footer(
@@ -55,7 +58,8 @@ def test_allreduce_over_torchrun_prints_rows_and_footer(
         assert float(busbw) == pytest.approx(float(algbw), abs=1e-3)  # factor 1 for n = 2
     assert "2 rank(s) on 1 host(s) via torchrun, gloo on cpu" in out
     assert "# Out of bounds values : 0 OK" in out
-    assert out.splitlines()[-1].startswith("# Avg bus bandwidth    : ")
+    assert out.splitlines()[-2].startswith("# Avg bus bandwidth    : ")
+    assert out.splitlines()[-1] == f"plot: {tmp_path / 'ar.png'}"
     assert (tmp_path / "ar.png").stat().st_size > 0
 
 

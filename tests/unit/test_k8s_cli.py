@@ -97,12 +97,13 @@ def test_validate_reads_stdin(tmp_path, capsys, monkeypatch):
     assert capsys.readouterr().out == "-: 2 manifest(s) valid\n"
 
 
-def test_render_out_to_a_missing_directory(capsys):
+def test_render_out_to_a_missing_directory(tmp_path, capsys):
+    out = tmp_path / "missing" / "x.yaml"
     err = _error(
-        ["k8s", "render", str(REPO / "recipes/default.yaml"), *IMAGE,
-         "--out", "/nonexistent/dir/x.yaml"], capsys,
+        ["k8s", "render", str(REPO / "recipes/default.yaml"), *IMAGE, "--out", str(out)], capsys,
     )  # fmt: skip
-    assert "--out /nonexistent/dir/x.yaml: cannot write it" in err
+    assert f"--out {out}: cannot write it" in err
+    assert not out.parent.exists()
 
 
 def test_overrides_apply_only_to_a_recipe(tmp_path, capsys):
