@@ -45,8 +45,6 @@ fsdp2 (full shard) 3 psi (n-1)/n, single 0.
 
 def add_parser(commands: Any) -> None:
     """Add ``bench`` and its sub-commands to the CLI."""
-    from convoy.cli import _add_recipe_args
-
     bench = commands.add_parser(
         "bench",
         help="benchmark the cluster and the strategies (allreduce, scaling, compare)",
@@ -54,6 +52,20 @@ def add_parser(commands: Any) -> None:
         "workers a training run gets (local, torchrun, Ray; one node or several).",
     )
     actions = bench.add_subparsers(dest="bench_command", metavar="BENCHMARK", required=True)
+    parsers = [
+        _add_allreduce_parser(actions),
+        _add_scaling_parser(actions),
+        _add_compare_parser(actions),
+    ]
+    for parser in parsers:  # raw epilogs; wrap the long descriptions
+        parser.description = textwrap.fill(
+            parser.description or "", width=88, break_on_hyphens=False
+        )
+
+
+def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
+    from convoy.cli import _add_recipe_args
+
     allreduce = actions.add_parser(
         "allreduce",
         help="all-reduce bus bandwidth over a size sweep (nccl-tests' rows)",
@@ -78,6 +90,11 @@ def add_parser(commands: Any) -> None:
     )
     _add_output_args(allreduce, "bench runs")
     allreduce.set_defaults(handler=cmd_allreduce)
+    return allreduce
+
+
+def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
+    from convoy.cli import _add_recipe_args
 
     scaling = actions.add_parser(
         "scaling",
@@ -108,6 +125,11 @@ def add_parser(commands: Any) -> None:
     _add_step_args(scaling)
     _add_output_args(scaling, "the runs")
     scaling.set_defaults(handler=cmd_scaling)
+    return scaling
+
+
+def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
+    from convoy.cli import _add_recipe_args
 
     compare = actions.add_parser(
         "compare",
@@ -134,10 +156,7 @@ def add_parser(commands: Any) -> None:
     )
     _add_output_args(compare, "the runs")
     compare.set_defaults(handler=cmd_compare)
-    for parser in (allreduce, scaling, compare):  # raw epilogs; wrap the long descriptions
-        parser.description = textwrap.fill(
-            parser.description or "", width=88, break_on_hyphens=False
-        )
+    return compare
 
 
 def _add_step_args(parser: argparse.ArgumentParser) -> None:
