@@ -1,0 +1,277 @@
+"""Measurements on fake tensors: one micro-batch's activations and backward transient
+(``measure_activations``), and one optimizer step's state and transient
+(``measure_optimizer``).
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from convoy.config import Job
+from convoy.plan.job import compute_dtype
+from convoy.plan.model import ModelSource, build_skeleton, fake_batch, fake_process_group, to_fake
+
+
+@dataclass(frozen=True)
+class Activations:
+    """What one micro-batch's forward leaves for backward, and what backward adds to it."""
+
+    saved: int
+    """Bytes of the distinct storages autograd saved (parameters excluded), plus the output."""
+    largest: int
+    """The largest one of them."""
+    backward: int = 0
+    """The backward transient: the most bytes live during backward beyond those live when it
+    starts (gradients of activations, and one parameter's gradient as it is produced; the
+    parameters' accumulated gradients are counted as gradients, not here), measured by
+    running backward; saved activations freed as backward passes their nodes make room."""
+    backward_in_model: int = 0
+    """The part of ``backward`` from the moment the model's outputs have their gradient (the
+    loss's own backward done): what FSDP's backward working set meets. Before it FSDP holds
+    nothing unsharded (every unit, the root too, resharded after forward)."""
+    forward: int = 0
+    """The most bytes live at once during the model's forward (what it has saved so far and
+    the ops in flight), plus the batch: what FSDP's forward working set meets."""
+
+
+class _LiveBytes(TorchDispatchMode):
+    """Follows the storages ops allocate (each counted once, until it is freed) and the
+    most bytes live at once. ``forget`` stops counting a storage (a parameter's gradient)."""
+
+    def __init__(self, skip: set[Any]) -> None:
+        super().__init__()
+        self.skip = skip
+        self.live = 0
+        self.peak = 0
+        self._sizes: dict[Any, int] = {}
+        self._refs: dict[Any, weakref.ref[Any]] = {}
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        out = func(*args, **(kwargs or {}))
+        for tensor in _tensors(out):
+            storage = tensor.untyped_storage()
+            key = StorageWeakRef(storage)
+            if key in self.skip or key in self._sizes:
+                continue
+            self._sizes[key] = storage.nbytes()
+            self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
+            self.live += self._sizes[key]
+        self.peak = max(self.peak, self.live)
+        return out
+
+    def _freed(self, key: Any, _ref: Any = None) -> None:
+        self._refs.pop(key, None)
+        self.live -= self._sizes.pop(key, 0)
+
+    def forget(self, tensor: torch.Tensor | None) -> None:
+        from torch.multiprocessing.reductions import StorageWeakRef
+
+        if tensor is not None:
+            self._freed(StorageWeakRef(tensor.untyped_storage()))
+
+
+def measure_activations(
+    job: Job, source: ModelSource, rows: int, cast_params: torch.dtype | None
+) -> Activations:
+    """Run the model and the task's loss on a fake micro-batch of ``rows`` samples and sum
+    the storages autograd saves; then run backward and measure its transient (see
+    ``Activations.backward``). ``cast_params``: the dtype FSDP computes in (its parameters
+    are cast), or ``None`` for autocast (single/ddp) in the job's precision."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from convoy.tasks import build_task
+
+    task = build_task(job.task.name, job.task.kwargs)
+    mode = FakeTensorMode()
+    inputs, targets = fake_batch(source.sample, rows, mode)
+    batch = _storage_bytes([*_tensors(inputs), *_tensors(targets)])
+    if cast_params is not None:  # FSDP casts floating-point inputs to its param dtype
+        cast = _cast_floats(inputs, cast_params)
+        batch += _storage_bytes([t for t in _tensors(cast) if t.is_floating_point()])
+        inputs = cast
+    skeleton = build_skeleton(job, source)  # outside the fake mode: a real build may need values
+    if cast_params is not None:  # FSDP's MixedPrecision: parameters cast, no autocast
+        skeleton = skeleton.to(cast_params)
+    with mode:
+        model = to_fake(skeleton, torch.device("cpu"))
+        params = [p for p in model.parameters() if p.requires_grad]
+        owned = {
+            StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]
+        }
+        saved: dict[StorageWeakRef, int] = {}
+
+        def pack(tensor: torch.Tensor) -> torch.Tensor:
+            ref = StorageWeakRef(tensor.untyped_storage())
+            if ref not in owned:
+                saved[ref] = tensor.untyped_storage().nbytes()
+            return tensor
+
+        dtype = compute_dtype(job)
+        autocast = cast_params is None and dtype != torch.float32
+        tracker = _LiveBytes(owned)
+        with tracker:
+            with (
+                torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor),
+                torch.autocast("cpu", dtype=dtype, enabled=autocast),
+            ):
+                outputs = task.forward(model, inputs)
+                forward = tracker.peak + batch
+                loss = task.loss_sum(outputs, targets)
+            for out in _tensors(outputs):
+                saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
+            backward = in_model = 0
+            if loss.requires_grad:
+                # Parameters' gradients are the plan's `grads`: each is counted as it is
+                # produced (it is live then, with the activations), then left out.
+                hooks = [
+                    p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad))
+                    for p in params
+                ]
+                start = tracker.peak = tracker.live
+                marks: list[int] = []
+
+                def reached_model(grad: torch.Tensor) -> None:
+                    if not marks:  # the loss's backward is done: its peak, then the model's
+                        marks.append(tracker.peak)
+                        tracker.peak = tracker.live
+
+                hooks += [
+                    out.register_hook(reached_model)
+                    for out in _tensors(outputs)
+                    if out.requires_grad
+                ]
+                loss.backward()
+                backward = max(tracker.peak, *marks) - start
+                in_model = tracker.peak - start if marks else backward
+                for hook in hooks:
+                    hook.remove()
+    return Activations(
+        sum(saved.values()), max(saved.values(), default=0), backward, in_model, forward
+    )
+
+
+def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
+    """Bytes of the distinct storages behind ``tensors``."""
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    sizes = {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}
+    return sum(sizes.values())
+
+
+def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {key: _cast_floats(item, dtype) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(item, dtype) for item in value)
+    return value
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in _tensors(item)]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in _tensors(item)]
+    return []
+
+
+@dataclass(frozen=True)
+class OptimizerCost:
+    state: int
+    """Bytes of optimizer state after the first step."""
+    transient: int
+    """Bytes a step allocates on top of that state, at its peak."""
+
+
+def measure_optimizer(
+    job: Job, shapes: Sequence[tuple[int, ...]], fsdp2_world_size: int | None = None
+) -> OptimizerCost:
+    """One step of the recipe's optimizer on fake parameters of ``shapes`` (with gradients),
+    grouped as ``convoy.engine.schedule.build_optimizer`` groups them (decay: 2-D and up).
+    ``fsdp2_world_size``: ``shapes`` are whole parameters that ``fully_shard`` splits over
+    that many ranks of a fake process group; the step then runs on DTensor shards, whose
+    foreach path allocates more than plain tensors'."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    mode = FakeTensorMode()
+    with fake_process_group(fsdp2_world_size or 1, needed=fsdp2_world_size is not None):
+        with mode:
+            holder = nn.ParameterList(nn.Parameter(torch.empty(shape)) for shape in shapes)
+        if fsdp2_world_size is not None:
+            from torch.distributed.fsdp import fully_shard
+
+            fully_shard(holder)  # outside the fake mode: it builds its device mesh
+        with mode:
+            params = list(holder.parameters())
+            groups = [
+                {"params": [p for p in params if p.dim() >= 2]},
+                {"params": [p for p in params if p.dim() < 2]},
+            ]
+            optimizer = _optimizer(job, [group for group in groups if group["params"]])
+            _warm_up(optimizer, params)
+            tracker = MemTracker()
+            tracker.track_external(*params, optimizer)
+            with tracker:
+                for _ in range(2):  # the first step creates the state, the second is steady
+                    for param in params:
+                        param.grad = torch.empty_like(param)
+                    optimizer.step()
+                    optimizer.zero_grad(set_to_none=True)
+                    tracker.reset_mod_stats()
+            peak = _category(tracker.get_tracker_snapshot("peak"), "Optstate")
+            state = sum(
+                _local(t).untyped_storage().nbytes()
+                for per_param in optimizer.state.values()
+                for t in per_param.values()
+                if isinstance(t, torch.Tensor) and t.dim() > 0  # step counters: 4 bytes each
+            )
+    return OptimizerCost(state=state, transient=max(0, peak - state))
+
+
+def _warm_up(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> None:
+    """One untracked step: DTensor's first foreach ops fill its sharding caches, which a
+    tracker would count as optimizer memory once."""
+    for param in params:
+        param.grad = torch.empty_like(param)
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def _optimizer(job: Job, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
+    cfg = job.optim
+    for group in groups:
+        group["weight_decay"] = cfg.weight_decay
+    if cfg.name == "sgd":
+        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
+    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+
+
+def _category(snapshot: dict[Any, dict[Any, int]], name: str) -> int:
+    """One category's bytes from a tracker snapshot, summed over devices."""
+    return sum(
+        value
+        for per_device in snapshot.values()
+        for key, value in per_device.items()
+        if str(getattr(key, "value", key)) == name
+    )

@@ -1,0 +1,195 @@
+"""The model and one batch, without memory: where the planner and the checker build the
+model from (``ModelSource``), fake tensors under ``FakeTensorMode``, the FSDP wrap units and
+one rank's shard sizes, and a fake process group for sharding without workers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from convoy.config import Job
+from convoy.errors import ConfigError, ConvoyError
+from convoy.plan.job import SHARDED
+
+# Data sources that read files only for their values: when the files are missing, plan
+# with a source of the same shapes (memory does not depend on pixel values).
+_STAND_INS = {"cifar10": "synthetic"}
+
+
+@dataclass
+class ModelSource:
+    """What the planner and the checker build a model from: the data's shapes, one real
+    sample batch, and whether the factory runs on the meta device."""
+
+    shape: dict[str, int]
+    sample: tuple[Any, Any]
+    on_meta: bool = True
+    notes: list[str] = field(default_factory=list)
+
+
+def load_source(job: Job) -> ModelSource:
+    """Load the data once for its shapes and a sample batch (a stand-in of the same shapes
+    when a file-backed source's files are missing), and probe a meta-device build."""
+    from convoy.data.registry import load_splits
+    from convoy.preflight import sample_batch
+
+    notes: list[str] = []
+    data_cfg = job.data
+    try:
+        splits = load_splits(data_cfg)
+    except ConvoyError as exc:
+        stand_in = _STAND_INS.get(data_cfg.name)
+        if stand_in is None:
+            raise
+        data_cfg = data_cfg.model_copy(update={"name": stand_in, "path": None})
+        splits = load_splits(data_cfg)
+        notes.append(
+            f"data {job.data.name!r} not found ({exc}); planned with {stand_in!r} data of the same shapes"
+        )
+    source = ModelSource(dict(splits.shape), sample_batch(job, splits, rows=1), notes=notes)
+    try:
+        with torch.device("meta"):
+            build_raw(job, source.shape)
+    except ConvoyError:
+        raise
+    except Exception as exc:
+        source.on_meta = False
+        message = (
+            f"model {job.model.name!r} cannot be built on the meta device "
+            f"({type(exc).__name__}: {exc}); building it for real instead"
+        )
+        warnings.warn(message, stacklevel=2)
+        source.notes.append(message)
+    return source
+
+
+def build_raw(job: Job, shape: dict[str, int]) -> nn.Module:
+    from convoy.models.registry import build_model
+
+    return build_model(job.model.name, job.model.kwargs, shape)
+
+
+def build_skeleton(job: Job, source: ModelSource) -> nn.Module:
+    """The model on the meta device (or for real, when its factory cannot run on meta)."""
+    if not source.on_meta:
+        return build_raw(job, source.shape)
+    with torch.device("meta"):
+        return build_raw(job, source.shape)
+
+
+def to_fake(model: nn.Module, device: torch.device) -> nn.Module:
+    """Give every parameter and buffer a fresh tensor of the same shape and dtype, created
+    under the active ``FakeTensorMode`` (call inside one): no memory, any size. Tied
+    parameters stay tied. Parameters are replaced, not swapped: ``Module.to`` cannot swap
+    fake tensors (the fake mode holds weak references to them)."""
+    fresh: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is None:
+                continue
+            if id(param) not in fresh:
+                data = torch.empty(param.shape, dtype=param.dtype, device=device)
+                fresh[id(param)] = nn.Parameter(data, requires_grad=param.requires_grad)
+            module._parameters[name] = fresh[id(param)]
+        for name, buffer in list(module._buffers.items()):
+            if buffer is not None:
+                module._buffers[name] = torch.zeros(buffer.shape, dtype=buffer.dtype, device=device)
+    # Strategies move the model with Module.to(device); the fake tensors already live there.
+    model.to = lambda *args, **kwargs: model  # type: ignore[method-assign]
+    return model
+
+
+def fake_batch(sample: tuple[Any, Any], rows: int, mode: Any) -> tuple[Any, Any]:
+    """A batch of ``rows`` samples shaped like ``sample`` (tensors or nests of them), as
+    fake tensors of ``mode``."""
+
+    def grow(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            real = value[:1].expand(rows, *value.shape[1:]).contiguous()
+            return mode.from_tensor(real)
+        if isinstance(value, dict):
+            return {key: grow(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return type(value)(grow(item) for item in value)
+        return value
+
+    inputs, targets = sample
+    return grow(inputs), grow(targets)
+
+
+# Parts of the model: wrap units and shard sizes.
+
+
+def wrap_units(model: nn.Module) -> list[list[nn.Parameter]]:
+    """Parameters grouped as the FSDP strategies wrap them: one group per block found by
+    ``convoy.strategies.base.transformer_blocks`` (the rule the strategies use), then the
+    root's remaining parameters. Shared parameters count once."""
+    blocks, root = blocks_and_root(model)
+    return [unit for unit in [*blocks, root] if unit]
+
+
+def blocks_and_root(model: nn.Module) -> tuple[list[list[nn.Parameter]], list[nn.Parameter]]:
+    """``wrap_units`` apart: the blocks' parameter groups in model order (the order they run
+    in forward), and the root's remaining parameters (possibly none)."""
+    from convoy.strategies.base import transformer_blocks
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the strategy says it when it wraps; the plan notes it
+        blocks = transformer_blocks(model)
+    seen: set[int] = set()
+    units: list[list[nn.Parameter]] = []
+    for module in [*blocks, model]:
+        unit = [p for p in module.parameters() if id(p) not in seen]
+        seen.update(id(p) for p in unit)
+        units.append(unit)
+    return [unit for unit in units[:-1] if unit], units[-1]
+
+
+def shard_numel(param: torch.Tensor, world_size: int) -> int:
+    """Elements rank 0 holds of ``param`` split on dim 0 in ``world_size`` chunks (as
+    ``fully_shard``: the rounded-up chunk; FSDP1's padded flat shard is within a row)."""
+    if param.dim() == 0:
+        return 1
+    rows = math.ceil(param.shape[0] / world_size)
+    return rows * (param.numel() // max(1, param.shape[0]))
+
+
+def local_shapes(
+    params: Sequence[torch.Tensor], strategy: str, world_size: int
+) -> list[tuple[int, ...]]:
+    """The shapes of this rank's copies of ``params`` under ``strategy``."""
+    if strategy not in SHARDED or world_size == 1:
+        return [tuple(p.shape) for p in params]
+    return [(math.ceil(p.shape[0] / world_size), *p.shape[1:]) if p.dim() else () for p in params]
+
+
+@contextlib.contextmanager
+def fake_process_group(world_size: int, needed: bool = True) -> Iterator[None]:
+    """A ``fake`` process group of ``world_size`` ranks with this process as rank 0
+    (collectives return at once and move nothing), destroyed afterwards."""
+    import torch.distributed as dist
+
+    if not needed:
+        yield
+        return
+    if dist.is_initialized():
+        raise ConfigError(
+            "process group",
+            "initialized",
+            "planning needs a process without one; run it in the driver",
+        )
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,344 @@
+"""A rank's peak per layout: ``Layout`` (bytes at each moment), ``Planner`` (composes them
+from the measurements, cached across layouts), ``Plan`` and ``plan_job`` (every layout of a
+job, and which fit a memory budget).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from convoy.config import FSDP2StrategyConfig, Job
+from convoy.plan.job import (
+    DEFAULT_WORLD_SIZES,
+    SHARDED,
+    STRATEGY_ORDER,
+    compute_dtype,
+    layout_job,
+    micro_batch,
+)
+from convoy.plan.measure import Activations, OptimizerCost, measure_activations, measure_optimizer
+from convoy.plan.model import (
+    ModelSource,
+    blocks_and_root,
+    build_skeleton,
+    load_source,
+    local_shapes,
+    shard_numel,
+)
+
+CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "comm")
+"""Rows of a plan. ``temp``: backward or optimizer-step transients; ``comm``: DDP buckets
+or the FSDP unsharded working set."""
+
+
+def gathers(strategy: str, world_size: int) -> bool:
+    """Whether ``strategy`` all-gathers parameters into unsharded copies: FSDP2 at any world
+    size (its sharded and unsharded parameters are separate storages even on one rank);
+    FSDP1 only on more than one (it switches to ``NO_SHARD`` on one)."""
+    return strategy == "fsdp2" or (strategy == "fsdp" and world_size > 1)
+
+
+@dataclass(frozen=True)
+class Layout:
+    """One strategy on one world size: per-rank bytes at each moment, and the peak."""
+
+    strategy: str
+    world_size: int
+    micro_batch: int
+    params: int
+    grads: int
+    optimizer: int
+    activations: int
+    backward_temp: int
+    step_temp: int
+    comm: int
+    moments: dict[str, dict[str, int]]
+    """Each candidate moment's bytes per category (``CATEGORIES``)."""
+
+    @property
+    def peak_moment(self) -> str:
+        return max(self.moments, key=lambda name: sum(self.moments[name].values()))
+
+    @property
+    def peak(self) -> int:
+        return sum(self.moments[self.peak_moment].values())
+
+    def at_peak(self) -> dict[str, int]:
+        return dict(self.moments[self.peak_moment])
+
+
+class Planner:
+    """Plans layouts of one job; measurements are cached across strategies and sizes."""
+
+    def __init__(self, job: Job, source: ModelSource | None = None) -> None:
+        self.job = job
+        self.source = source or load_source(job)
+        self.model = build_skeleton(job, self.source)
+        self.blocks, self.root = blocks_and_root(self.model)
+        self.units = [unit for unit in [*self.blocks, self.root] if unit]
+        self.params = [p for unit in self.units for p in unit]
+        self._activations: dict[tuple[int, Any], Activations] = {}
+        self._optimizer: dict[tuple[str, int], OptimizerCost] = {}
+
+    @property
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.params)
+
+    def activations(self, strategy: str, rows: int) -> Activations:
+        dtype = compute_dtype(self.job)
+        cast = dtype if strategy in SHARDED and dtype != torch.float32 else None
+        key = (rows, cast)
+        if key not in self._activations:
+            self._activations[key] = measure_activations(self.job, self.source, rows, cast)
+        return self._activations[key]
+
+    def optimizer(self, strategy: str, world_size: int) -> OptimizerCost:
+        # FSDP2's optimizer steps DTensor shards (at any world size); FSDP1's (with
+        # use_orig_params) plain views of its flat shard, as plain tensors of shard shapes.
+        kind = strategy if strategy in SHARDED else "whole"
+        size = world_size if strategy in SHARDED else 1
+        if (kind, size) not in self._optimizer:
+            if kind == "fsdp2":
+                shapes = [tuple(p.shape) for p in self.params]
+                cost = measure_optimizer(self.job, shapes, fsdp2_world_size=size)
+            else:
+                cost = measure_optimizer(self.job, local_shapes(self.params, strategy, size))
+            self._optimizer[(kind, size)] = cost
+        return self._optimizer[(kind, size)]
+
+    def layout(self, strategy: str, world_size: int) -> Layout:
+        """The plan of ``strategy`` on ``world_size`` ranks."""
+        job = layout_job(self.job, strategy, world_size)
+        rows = micro_batch(job, world_size)
+        sharded = strategy in SHARDED and world_size > 1
+        local = self.param_count
+        if sharded and strategy == "fsdp":  # one flat parameter per unit, split evenly
+            local = sum(math.ceil(sum(p.numel() for p in u) / world_size) for u in self.units)
+        elif sharded:
+            local = sum(shard_numel(p, world_size) for p in self.params)
+        params = grads = 4 * local  # fp32 master weights and gradients
+        opt = self.optimizer(strategy, world_size)
+        acts = self.activations(strategy, rows)
+        backward_temp = acts.backward
+        comm = self._comm(job, strategy, world_size)
+        # Accumulation: later micro-steps run with the gradients of earlier ones; no_sync
+        # keeps them unsharded under FSDP.
+        accum_grads = 0
+        if job.optim.grad_accum_steps > 1:
+            accum_grads = 4 * self.param_count if strategy in SHARDED else grads
+        static = {"params": params, "optimizer": opt.state}
+        ddp_buckets = comm if strategy == "ddp" else 0
+        moments = {
+            "backward": {
+                **static,
+                "grads": accum_grads,
+                "activations": acts.saved,
+                "temp": backward_temp,
+                "comm": ddp_buckets,
+            },
+            "optimizer step": {
+                **static,
+                "grads": grads,
+                "activations": 0,
+                "temp": opt.transient,
+                "comm": ddp_buckets,
+            },
+        }
+        if strategy == "fsdp2":
+            # "backward" is the loss's own backward: every unit is resharded then.
+            held = self._fsdp2_held(job, world_size)
+            parts = {
+                "forward (unit)": (acts.forward, 0),
+                "backward (in model)": (acts.saved, acts.backward_in_model),
+                "backward (unit)": (acts.saved, 0),
+            }
+            for name, (live, temp) in parts.items():
+                moments[name] = {
+                    **static,
+                    "grads": accum_grads,
+                    "activations": live,
+                    "temp": temp,
+                    "comm": held[name],
+                }
+            comm = max(held.values())
+        elif gathers(strategy, world_size):
+            # Backward through the largest unit: it is unsharded, the next one is being
+            # all-gathered, and its full gradients wait for the reduce-scatter (fp32).
+            moments["backward (unit)"] = {
+                **static,
+                "grads": accum_grads,
+                "activations": acts.saved,
+                "temp": 4 * self.largest_unit,
+                "comm": comm,
+            }
+        moments = {
+            name: {c: parts.get(c, 0) for c in CATEGORIES} for name, parts in moments.items()
+        }
+        return Layout(
+            strategy=strategy,
+            world_size=world_size,
+            micro_batch=rows,
+            params=params,
+            grads=grads,
+            optimizer=opt.state,
+            activations=acts.saved,
+            backward_temp=backward_temp,
+            step_temp=opt.transient,
+            comm=comm,
+            moments=moments,
+        )
+
+    def _comm(self, job: Job, strategy: str, world_size: int) -> int:
+        """DDP's buckets hold a copy of every gradient (fp32; Convoy's DDP keeps
+        ``gradient_as_bucket_view`` off). FSDP holds the largest unit unsharded and
+        all-gathers the next one ahead, in the dtype it computes in."""
+        if strategy == "ddp":
+            return 4 * self.param_count
+        if not gathers(strategy, world_size):
+            return 0
+        dtype = compute_dtype(job)
+        itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
+        return 2 * itemsize * self.largest_unit
+
+    def _fsdp2_held(self, job: Job, world_size: int) -> dict[str, int]:
+        """What ``fully_shard`` holds beyond model state at each moment, rank 0's bytes.
+
+        Convoy passes ``reshard_after_forward`` explicitly, so the root reshards after
+        forward like the blocks. Each unit's unsharded parameters are separate storages of
+        its dim-0-padded size in the param dtype; on more than one rank the all-gather
+        output (the same size) comes first and the copy-out fills them from it. Forward
+        keeps a unit's all-gather output until the next unit's copy-out (the root's until
+        the end of forward); backward frees it right after the copy-out and all-gathers the
+        unit that ran before it in forward ahead (the first block has none). A unit's
+        gradients (its parameters' shapes, param dtype) live until its post-backward copies
+        them into the reduce-scatter input (padded, reduce dtype), after it is resharded;
+        the root's live until the end of backward.
+
+        - ``forward (unit)``: the root unsharded, plus the largest of a unit's all-gather
+          output with its copy (or with the next unit's all-gather output);
+        - ``backward (in model)``, with the part of the backward transient from the model's
+          outputs on (the loss's own backward meets nothing unsharded): the root unsharded
+          with its gradients, the unit in backward unsharded and the one before it
+          all-gathered;
+        - ``backward (unit)``: the same without the transient, at a unit's copy-out, its
+          gradients' production or its reduce-scatter.
+        """
+        param_dtype = compute_dtype(job)
+        cfg = job.strategy
+        reduce_name = cfg.reduce_dtype if isinstance(cfg, FSDP2StrategyConfig) else "fp32"
+        param_size = torch.empty((), dtype=param_dtype, device="meta").element_size()
+        reduce_size = 4 if reduce_name == "fp32" else 2
+        # With accumulation in fp32 the micro-step's gradients add into the accumulated
+        # unsharded ones (counted as grads); otherwise they are new tensors.
+        new_grads = param_dtype != torch.float32 or job.optim.grad_accum_steps == 1
+
+        def padded(unit: Sequence[nn.Parameter]) -> int:
+            return world_size * sum(shard_numel(p, world_size) for p in unit) if unit else 0
+
+        def grads(unit: Sequence[nn.Parameter]) -> int:
+            return param_size * sum(p.numel() for p in unit) if new_grads else 0
+
+        gathered = param_size if world_size > 1 else 0  # all-gather output bytes per element
+        root = param_size * padded(self.root)
+        root_gathered = gathered * padded(self.root)
+        forward = [root_gathered]
+        backward = [root_gathered]
+        unit = [root_gathered]
+        previous_gathered = root_gathered  # forward: the root's output is kept until block 1's
+        ahead = 0  # backward: what block i all-gathers ahead (block i - 1; block 1: nothing)
+        for block in self.blocks:
+            unsharded = param_size * padded(block)
+            own_gathered = gathered * padded(block)
+            reduce_input = reduce_size * padded(block) if world_size > 1 else 0
+            forward += [unsharded + own_gathered, previous_gathered + own_gathered]
+            backward.append(grads(self.root) + unsharded + ahead)
+            unit.append(
+                grads(self.root)
+                + max(
+                    unsharded + own_gathered,
+                    unsharded + grads(block) + ahead,
+                    reduce_input + grads(block) + ahead,
+                )
+            )
+            previous_gathered, ahead = own_gathered, own_gathered
+        if not self.blocks:  # the root alone: its gradients, then its reduce-scatter
+            reduce_input = reduce_size * padded(self.root) if world_size > 1 else 0
+            backward.append(grads(self.root))
+            unit.append(grads(self.root) + reduce_input)
+        return {
+            "forward (unit)": root + max(forward),
+            "backward (in model)": root + max(backward),
+            "backward (unit)": root + max(unit),
+        }
+
+    @property
+    def largest_unit(self) -> int:
+        """Parameters in the largest wrap unit."""
+        return max(sum(p.numel() for p in unit) for unit in self.units)
+
+
+@dataclass
+class Plan:
+    """Every layout planned for a job, and which fit a memory budget."""
+
+    job: Job
+    layouts: list[Layout]
+    gpu_memory: int | None
+    param_count: int
+    notes: list[str]
+
+    def fits(self, layout: Layout) -> bool | None:
+        return None if self.gpu_memory is None else layout.peak <= self.gpu_memory
+
+    def smallest_fit(self) -> Layout | None:
+        """Fewest workers, then the strategy order (single, ddp, fsdp2, fsdp)."""
+        fitting = [layout for layout in self.layouts if self.fits(layout)]
+        order = {name: i for i, name in enumerate(STRATEGY_ORDER)}
+        return min(fitting, key=lambda lay: (lay.world_size, order[lay.strategy]), default=None)
+
+
+def plan_job(
+    job: Job,
+    strategies: Sequence[str] = STRATEGY_ORDER,
+    world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
+    gpu_memory: int | None = None,
+    planner: Planner | None = None,
+) -> Plan:
+    """Plan every (strategy, world size) layout; ``single`` only at world size 1 and
+    world sizes that do not divide the global batch are left out (and noted)."""
+    planner = planner or Planner(job)
+    layouts: list[Layout] = []
+    notes = list(planner.source.notes)
+    if not planner.units[:-1] and any(s in SHARDED for s in strategies):
+        notes.append(
+            f"{type(planner.model).__name__} has no `blocks`: fsdp/fsdp2 shard it as one unit"
+        )
+    for size in world_sizes:
+        if job.data.batch_size % (size * job.optim.grad_accum_steps):
+            notes.append(
+                f"world size {size}: data.batch_size {job.data.batch_size} does not split over "
+                f"{size} x {job.optim.grad_accum_steps} accumulation step(s); left out"
+            )
+            continue
+        for strategy in strategies:
+            if strategy == "single" and size > 1:
+                continue
+            layouts.append(planner.layout(strategy, size))
+    return Plan(job, layouts, gpu_memory, planner.param_count, notes)
+
+
+@contextlib.contextmanager
+def quiet_warnings() -> Iterator[None]:
+    """torch's fake-mode and tracker warnings are noise in a plan's output."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", category=UserWarning, module="torch")
+        warnings.filterwarnings("ignore", category=FutureWarning)
+        yield
