@@ -167,6 +167,21 @@ def test_runs_without_per_rank_records_leave_those_figures_out(
     assert "Not shown" in (run / "report" / HTML_FILE).read_text()
 
 
+def test_a_report_into_an_old_report_folder_leaves_none_of_its_figures(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    full = write_run(tmp_path, "full", world_size=2)
+    old = write_run(tmp_path, "old", per_rank=False)
+    out = tmp_path / "shared"
+    assert report([str(full), "--out", str(out)], capsys)[0] == 0
+    assert (out / "step_time.png").exists()
+    code, printed, _ = report([str(old), "--out", str(out)], capsys)
+    assert code == 0
+    # assert_valid_report checks every PNG in the folder is this report's own.
+    names = {p.stem for p in assert_valid_report(out, printed)}
+    assert names == {"train_loss", "metrics", "lr", "peak_memory"}
+
+
 def test_a_resumed_run_keeps_the_last_record_per_step(tmp_path: Path) -> None:
     run = load_run(write_run(tmp_path, "resumed", steps=30, resumed_at=20))
     assert [r["step"] for r in run.steps] == list(range(1, 31))

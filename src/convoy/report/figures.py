@@ -383,6 +383,18 @@ def _note_missing(
         notes.append(f"{what}: not recorded by {', '.join(missing)}")
 
 
+def figure_names() -> list[str]:
+    """Every figure a report may hold, by file name (without ``.png``)."""
+    return [
+        "train_loss",
+        "metrics",
+        "lr",
+        "throughput",
+        *(spec.name for spec in RANK_FIGURES),
+        "peak_memory",
+    ]
+
+
 def build_report(runs: Sequence[RunData]) -> Report:
     """Render every figure that has data; the notes say what was left out and why."""
     report = Report(list(runs))

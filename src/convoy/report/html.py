@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from convoy.report.figures import Report, _figure_class, build_report
+from convoy.report.figures import Report, _figure_class, build_report, figure_names
 from convoy.report.runs import (
     COUNT_METRICS,
     HTML_FILE,
@@ -154,6 +154,11 @@ def write_report(report: Report, out: Path) -> list[Path]:
             path = out / f"{plot.name}.png"
             path.write_bytes(plot.png)
             written.append(path)
+        # A figure an earlier report into this folder drew, and this one does not, would be
+        # taken for part of this report.
+        drawn = {plot.name for plot in report.plots}
+        for name in set(figure_names()) - drawn:
+            (out / f"{name}.png").unlink(missing_ok=True)
         page = out / HTML_FILE
         page.write_text(render_html(report), encoding="utf-8")
     except OSError as exc:
