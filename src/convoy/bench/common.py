@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from pydantic import ValidationError
 
 from convoy.config import Job, ScalingConfig, apply_overrides, job_from_dict, load_job, world_sizes
@@ -63,13 +64,10 @@ def check_at_least(value: int, flag: str, minimum: int) -> int:
 
 
 def quantile(values: Sequence[float], q: float) -> float:
-    """The ``q`` quantile (0..1) by linear interpolation between order statistics."""
-    ordered = sorted(values)
-    if not ordered:
+    """The ``q`` quantile (0..1) by linear interpolation, as the engine's summary computes it."""
+    if not values:
         raise ValueError("no values")
-    position = q * (len(ordered) - 1)
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+    return float(np.quantile(values, q))
 
 
 def spread(values: Sequence[float]) -> dict[str, float]:
