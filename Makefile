@@ -16,7 +16,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[ray,s3,dev,text,sensors,k8s,plot]"
+	$(PY) -m pip install --quiet -c constraints.txt -e ".[ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune]"
 	touch $(STAMP)
 
 ## run: train the default recipe (ViT on digits, ddp, 2 workers on an embedded local Ray)

@@ -179,12 +179,15 @@ class CheckpointManager:
         keep_latest: int,
         best: BestPolicy | None = None,
         reporter: CheckpointReporter | None = None,
+        on_commit: Callable[[str, dict[str, Any]], None] | None = None,
     ) -> None:
         self.storage = storage
         self.ctx = ctx
         self.keep_latest = keep_latest
         self.best = best
         self.reporter = reporter
+        self.on_commit = on_commit
+        """Told of every commit (path relative to the run, the checkpoint's meta), every rank."""
         self._pending: _PendingSave | None = None
         self._group: Any = None
 
@@ -257,6 +260,8 @@ class CheckpointManager:
         self._commit(meta, name)
         if self.reporter is not None:
             self.reporter(checkpoint_path(name), meta.get("metrics", {}))
+        if self.on_commit is not None:
+            self.on_commit(checkpoint_path(name), meta)
 
     @contextlib.contextmanager
     def _storage_errors(self, name: str) -> Iterator[None]:

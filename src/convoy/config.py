@@ -1,12 +1,12 @@
 """The job config: one frozen, validated pydantic model built from a YAML recipe plus overrides.
 
 A ``Job`` has the sections ``task``, ``model``, ``data``, ``optim``, ``strategy``,
-``precision``, ``scaling``, ``run``, ``checkpoint`` and ``fault``. Every section forbids unknown
-keys, so a misspelled key fails at load time with a suggestion instead of being silently
-ignored. Checks that span sections (global batch divisible by workers x accumulation, fp16
-needs a GPU) run once the whole job is known. The schema is pure: checks that import code,
-read files or build the model and data live in ``convoy.preflight``, run once in the driver
-before any worker starts.
+``precision``, ``scaling``, ``run``, ``checkpoint``, ``fault``, ``tracking``, ``monitor``,
+``lightning`` and ``k8s``. Every section forbids unknown keys, so a misspelled key fails at
+load time with a suggestion instead of being silently ignored. Checks that span sections
+(global batch divisible by workers x accumulation, fp16 needs a GPU) run once the whole job
+is known. The schema is pure: checks that import code, read files or build the model and
+data live in ``convoy.preflight``, run once in the driver before any worker starts.
 """
 
 from __future__ import annotations
@@ -386,13 +386,68 @@ class CheckpointConfig(Section):
 class FaultConfig(Section):
     """Fault injection, for tests and demonstrations of recovery."""
 
-    kind: Literal["none", "raise", "kill", "hang"] = "none"
-    """raise: an exception; kill: SIGKILL the process; hang: stop making progress."""
+    kind: Literal["none", "raise", "kill", "hang", "slow"] = "none"
+    """raise: an exception; kill: SIGKILL the process; hang: stop making progress; slow: from
+    ``at_step`` on, this rank spends ``slow_seconds`` more on every step's forward (a straggler:
+    a slower device or a busier host)."""
     rank: Annotated[int, Field(ge=0)] = 0
     at_step: Annotated[int, Field(gt=0)] = 1
     """Fire right after this optimizer step (and after its checkpoint, if one is due)."""
     attempts: Annotated[int, Field(ge=0)] = 1
     """Fire on the first this many attempts of the run (restarts included); 0: every attempt."""
+    slow_seconds: Annotated[float, Field(gt=0)] = 0.05
+    """With ``kind: slow``: the delay added to each of the rank's steps."""
+
+
+class MlflowConfig(Section):
+    """The MLflow sink: params = the resolved recipe, metrics = the event stream, artifacts =
+    the summary (and the export, when one is made)."""
+
+    enabled: bool = False
+    tracking_uri: str | None = None
+    """Any MLflow tracking URI (``http://host:5000``, ``sqlite:///path.db``). Default: a local
+    SQLite store ``mlflow.db`` with artifacts under ``mlruns/``, both in ``run.storage_dir``."""
+    experiment: str = "convoy"
+
+
+class TrackingConfig(Section):
+    """Experiment tracking sinks, next to ``metrics.jsonl`` (which is always written)."""
+
+    tensorboard: bool = True
+    """TensorBoard event files under ``<run>/tensorboard/`` (needs ``convoy[tracking]``; said
+    once and skipped when it is missing)."""
+    mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
+
+
+class MonitorConfig(Section):
+    """Live monitoring of the workers, at every logged step (``run.log_every_steps``)."""
+
+    straggler_margin: Annotated[float, Field(gt=0)] = 0.25
+    """A rank whose local work per step (data wait + forward) exceeds the median rank's by more
+    than this fraction is named a straggler."""
+    straggler_min_seconds: Annotated[float, Field(ge=0)] = 0.002
+    """...and by more than this many seconds, so timer noise on tiny models names nobody."""
+    prometheus: bool = True
+    """Under Ray: export the per-rank figures as ``ray.util.metrics`` (Prometheus) metrics."""
+
+
+class LightningConfig(Section):
+    """Run a user's ``LightningModule`` unchanged (``module``), with its ``LightningDataModule``
+    (``datamodule``), under Convoy's launchers and ``strategy.name``. Unset: Convoy's engine."""
+
+    module: str | None = None
+    """``package.module:Class`` of a ``lightning.LightningModule``."""
+    module_kwargs: dict[str, Any] = Field(default_factory=dict)
+    datamodule: str | None = None
+    """``package.module:Class`` of a ``lightning.LightningDataModule``; required with module."""
+    datamodule_kwargs: dict[str, Any] = Field(default_factory=dict)
+    trainer_kwargs: dict[str, Any] = Field(default_factory=dict)
+    """Extra ``lightning.Trainer`` arguments (e.g. ``gradient_clip_val``); Convoy sets the
+    strategy, devices, epochs, precision, logging and checkpointing itself."""
+
+    @property
+    def enabled(self) -> bool:
+        return self.module is not None
 
 
 class K8sConfig(Section):
@@ -500,6 +555,9 @@ class Job(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     checkpoint: CheckpointConfig = Field(default_factory=CheckpointConfig)
     fault: FaultConfig = Field(default_factory=FaultConfig)
+    tracking: TrackingConfig = Field(default_factory=TrackingConfig)
+    monitor: MonitorConfig = Field(default_factory=MonitorConfig)
+    lightning: LightningConfig = Field(default_factory=LightningConfig)
     k8s: K8sConfig = Field(default_factory=K8sConfig)
 
     @model_validator(mode="after")

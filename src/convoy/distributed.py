@@ -44,6 +44,9 @@ class WorkerContext:
     data: Any = None
     """Data the launcher prepared (a ``WorkerData`` of Ray Data shards); None: the engine
     builds DataLoaders itself."""
+    sinks: tuple[Any, ...] = ()
+    """The launcher's own event sinks (``convoy.engine.events.Sink``: Ray Train reports,
+    Prometheus), on every rank; the launcher closes them after the entry returns."""
 
     @property
     def is_main(self) -> bool:

@@ -1,4 +1,4 @@
-"""Fault injection (``fault`` config section): fail a chosen rank after a chosen step."""
+"""Fault injection (``fault`` config section): fail or slow a chosen rank from a chosen step."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ class InjectedFault(RuntimeError):
 
 def maybe_inject(cfg: FaultConfig, step: int, rank: int, attempt: int) -> None:
     """Fire the configured fault if this rank, step and attempt (1-based) match."""
-    if cfg.kind == "none" or rank != cfg.rank or step != cfg.at_step:
+    if cfg.kind in ("none", "slow") or rank != cfg.rank or step != cfg.at_step:
         return
     if cfg.attempts and attempt > cfg.attempts:
         return
@@ -31,6 +31,13 @@ def maybe_inject(cfg: FaultConfig, step: int, rank: int, attempt: int) -> None:
             time.sleep(3600)
     sys.stdout.flush()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def maybe_slow_down(cfg: FaultConfig, step: int, rank: int) -> None:
+    """``kind: slow``: this rank takes ``slow_seconds`` longer on each step from ``at_step``
+    on, inside the local work (before the forward), as a slower device or busier host would."""
+    if cfg.kind == "slow" and rank == cfg.rank and step >= cfg.at_step:
+        time.sleep(cfg.slow_seconds)
 
 
 def next_attempt(storage: RunStorage, is_main: bool) -> int:

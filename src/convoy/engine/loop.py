@@ -44,7 +44,17 @@ from convoy.distributed import (
 )
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
-from convoy.engine.faults import maybe_inject, next_attempt
+from convoy.engine.events import (
+    CheckpointEvent,
+    EndEvent,
+    EpochEvent,
+    EvalEvent,
+    EventBus,
+    RankStats,
+    StartEvent,
+    StepEvent,
+)
+from convoy.engine.faults import maybe_inject, maybe_slow_down, next_attempt
 from convoy.engine.flops import (
     count_train_flops_per_sample,
     device_name,
@@ -53,8 +63,9 @@ from convoy.engine.flops import (
     peak_flops,
 )
 from convoy.engine.heartbeat import Heartbeat, hang_watch
-from convoy.engine.progress import Progress, format_epoch
+from convoy.engine.monitor import ForwardTimer, find_stragglers
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
+from convoy.engine.sinks import build_sinks
 from convoy.errors import ConfigError
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model, count_parameters
@@ -87,8 +98,9 @@ class Timers:
     samples: int = 0
     units: torch.Tensor | float = 0.0
     """What the task counts (samples, real tokens) over all ranks, kept on the device."""
-    interval: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0, 0.0])
-    """Since the last logged step: steps, step seconds, data-wait seconds, global samples."""
+    interval: list[float] = field(default_factory=lambda: [0.0] * 5)
+    """Since the last logged step: steps, step seconds, data-wait seconds, global samples,
+    forward seconds."""
 
 
 @dataclass
@@ -130,8 +142,11 @@ class TrainState:
     """The source's digest of the data a model depends on (a text corpus: its tokenizer)."""
     job_record: dict[str, Any] = field(default_factory=dict)
     latest_metrics: dict[str, float] = field(default_factory=dict)
-    heartbeat: Heartbeat | None = None
     """The last epoch's metrics: what a checkpoint is ranked by for keep_best."""
+    heartbeat: Heartbeat | None = None
+    events: EventBus = field(default_factory=EventBus)
+    epoch: int = 0
+    """0-based: the epoch being trained."""
     step: int = 0
     steps_into_epoch: int = 0
     last_saved_step: int = -1
@@ -199,30 +214,51 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.throughput = Throughput(name, peak_flops(name, job.precision))
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
-    progress = Progress(total_steps, job.run.progress, enabled=ctx.is_main)
+    state.events = build_sinks(job, ctx, outputs, state.task, total_steps)
+    try:
+        steps = (steps_per_epoch, total_steps)
+        summary = _train_and_summarize(job, ctx, state, data, storage, outputs, steps)
+    finally:
+        state.events.close()
+    return summary
+
+
+def _train_and_summarize(
+    job: Job,
+    ctx: WorkerContext,
+    state: TrainState,
+    data: WorkerData,
+    storage: RunStorage,
+    outputs: RunOutputs,
+    steps: tuple[int, int],
+) -> dict[str, Any]:
+    """Restore, train every epoch, evaluate on test; emits the run's events on the way."""
+    total_steps = steps[1]
     if data.meta.get("tokenizer_json"):
         outputs.write_file(TOKENIZER_FILE, data.meta["tokenizer_json"])
     if job.fault.kind != "none":
         state.attempt = next_attempt(storage, ctx.is_main)
-    start = _restore(job, ctx, state, storage, progress)
+    start = _restore(job, ctx, state, storage)
     sizes = data.sizes
-    progress.line(
-        f"convoy: {job.model.name} ({count_parameters(strategy.unwrap(state.model)):,} params on "
-        f"rank 0) | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
+    header = (
+        f"convoy: {job.model.name} ({count_parameters(state.strategy.unwrap(state.model)):,} "
+        f"params on rank 0) | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
         f"{sizes['val']} val / {sizes['test']} test | {job.strategy.name} x {ctx.world_size} | "
         f"{job.precision} | global batch {job.data.batch_size} | {total_steps} steps"
     )
+    state.events.emit(
+        StartEvent(state.job_record, job.run_uri, ctx.world_size, total_steps, header)
+    )
     if data.skipped:
         shown = "; ".join(data.skipped[:5]) + ("; ..." if len(data.skipped) > 5 else "")
-        progress.line(f"convoy: skipped {len(data.skipped)} unreadable record(s): {shown}")
+        state.events.message(f"convoy: skipped {len(data.skipped)} unreadable record(s): {shown}")
     watch = hang_watch(ctx.rank, ctx.world_size, state.step, job.run.hang_timeout_s)
     with watch as state.heartbeat:
-        steps = (steps_per_epoch, total_steps)
-        final = _run_epochs(job, ctx, state, data, start, steps, outputs, progress)
+        final = _run_epochs(job, ctx, state, data, start, steps)
     summary = _summary(job, ctx, state, final, total_steps)
     summary["skipped_records"] = list(data.skipped)
     summary["reference_metrics"] = dict(data.meta.get("reference_metrics", {}))
-    outputs.write_summary(summary)
+    state.events.emit(EndEvent(summary))
     return summary
 
 
@@ -233,8 +269,6 @@ def _run_epochs(
     data: WorkerData,
     start: Position,
     steps: tuple[int, int],
-    outputs: RunOutputs,
-    progress: Progress,
 ) -> dict[str, float]:
     """Train from ``start`` to the end, evaluating as configured; returns the final metrics."""
     steps_per_epoch, total_steps = steps
@@ -243,20 +277,19 @@ def _run_epochs(
     for epoch in range(start.epoch, job.run.epochs):
         if state.step >= total_steps:
             break
-        last_epoch = epoch
+        last_epoch = state.epoch = epoch
         state.steps_into_epoch = start.steps_into_epoch if epoch == start.epoch else 0
         data.train.start_epoch(epoch, state.steps_into_epoch)
         epoch_start = time.perf_counter()
-        _train_epoch(
-            job, state, data.train, epoch, (steps_per_epoch, total_steps), outputs, progress
-        )
+        _train_epoch(job, state, data.train, epoch, (steps_per_epoch, total_steps))
         values = state.metrics.compute("train")
         last = epoch == job.run.epochs - 1 or state.step >= total_steps
         if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
-            values |= _evaluate(state, data.val, "val", ctx)
-        outputs.log({"kind": "epoch", "epoch": epoch + 1, "step": state.step, **values})
+            val = _evaluate(state, data.val, "val", ctx)
+            state.events.emit(EvalEvent("val", state.step, epoch + 1, val))
+            values |= val
         seconds = time.perf_counter() - epoch_start
-        progress.line(format_epoch(epoch, job.run.epochs, values, seconds, state.task))
+        state.events.emit(EpochEvent(epoch + 1, job.run.epochs, state.step, values, seconds))
         final |= values
         state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
@@ -267,13 +300,11 @@ def _run_epochs(
     state.save_checkpoint(last_epoch, steps_per_epoch, metrics=final)
     if state.checkpoints is not None:
         state.checkpoints.wait()
-    outputs.log({"kind": "test", "step": state.step, **final})
+    state.events.emit(EvalEvent("test", state.step, last_epoch + 1, final))
     return final
 
 
-def _restore(
-    job: Job, ctx: WorkerContext, state: TrainState, storage: RunStorage, progress: Progress
-) -> Position:
+def _restore(job: Job, ctx: WorkerContext, state: TrainState, storage: RunStorage) -> Position:
     """Resume from the latest committed checkpoint, if checkpointing and resume are on.
 
     A launcher may name the checkpoint (Ray Train's ``get_checkpoint()``); otherwise the
@@ -286,10 +317,19 @@ def _restore(
     mode = state.task.best_mode(cfg.best_metric) if cfg.best_mode == "auto" else cfg.best_mode
     best = BestPolicy(cfg.keep_best, cfg.best_metric, mode) if cfg.keep_best else None
     state.checkpoints = CheckpointManager(
-        storage, ctx, cfg.keep_latest, best, reporter=ctx.checkpoint_reporter
+        storage,
+        ctx,
+        cfg.keep_latest,
+        best,
+        reporter=ctx.checkpoint_reporter,
+        on_commit=lambda path, meta: state.events.emit(
+            CheckpointEvent(meta["step"], state.epoch + 1, path, meta.get("metrics", {}))
+        ),
     )
     for partial in partial_checkpoints(storage):
-        progress.line(f"convoy: skipped {partial}: its save never committed (no {META_FILE})")
+        state.events.message(
+            f"convoy: skipped {partial}: its save never committed (no {META_FILE})"
+        )
     preferred = ctx.resume_from.rsplit("/", 1)[-1] if ctx.resume_from else None
     restored = (
         state.checkpoints.load_latest(state.model, state.optimizer, preferred)
@@ -304,7 +344,7 @@ def _restore(
         state.precision.scaler.load_state_dict(meta["scaler"])
     state.step = state.last_saved_step = meta["step"]
     state.resumed_from = f"{storage.uri}/{checkpoint_path(name)}"
-    progress.line(
+    state.events.message(
         f"convoy: resumed from {name} (step {meta['step']}, epoch {meta['epoch'] + 1}, "
         f"{meta['steps_into_epoch']} steps into it; saved by {meta['world_size']} rank(s))"
     )
@@ -368,13 +408,7 @@ def _build_state(
 
 
 def _train_epoch(
-    job: Job,
-    state: TrainState,
-    loader: TrainBatches,
-    epoch: int,
-    steps: tuple[int, int],
-    outputs: RunOutputs,
-    progress: Progress,
+    job: Job, state: TrainState, loader: TrainBatches, epoch: int, steps: tuple[int, int]
 ) -> None:
     steps_per_epoch, total_steps = steps
     state.model.train()
@@ -389,19 +423,20 @@ def _train_epoch(
         micro_batches = [next(batches) for _ in range(accum)]
         data_ready = time.perf_counter()
         if not state.throughput.counted:
-            _count_flops(job, state, micro_batches[0], progress)
+            _count_flops(job, state, micro_batches[0])
             step_start += time.perf_counter() - data_ready  # counting is not the step's time
             data_ready = time.perf_counter()
-        loss_sum, global_count = _optimizer_step(job, state, micro_batches)
+        loss_sum, global_count, forward_seconds = _optimizer_step(job, state, micro_batches)
         step_end = time.perf_counter()
         state.step += 1
         state.steps_into_epoch += 1
         if state.heartbeat:
             state.heartbeat.beat(state.step, state.step)
         _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
+        state.timers.interval[4] += forward_seconds
         state.timers.units += global_count
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
-            _log_step(state, epoch, loss_sum, global_count, outputs, progress)
+            _log_step(job, state, epoch, loss_sum, global_count)
         every = job.checkpoint.every_steps
         if every and state.step % every == 0 and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
@@ -410,13 +445,14 @@ def _train_epoch(
 
 def _optimizer_step(
     job: Job, state: TrainState, micro_batches: list[tuple[Any, Any]]
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, float]:
     """Forward/backward every micro-batch, then clip and step.
 
     Each micro-batch's loss *sum* is scaled by world size / (the global batch's count), so
     the gradient, after the strategy averages it over ranks, is the mean over every sample or
     token of the global batch, however they are split over ranks, micro-steps and padding.
-    Returns this rank's loss sum and the global count.
+    Returns this rank's loss sum, the global count and the seconds spent in forward (work
+    that waits on no other rank under single and ddp: what straggler detection compares).
     """
     model, precision, task = state.model, state.precision, state.task
     device = state.strategy.device
@@ -425,10 +461,13 @@ def _optimizer_step(
     global_count = _global_count(task, counts, state.world_size)
     scale = state.world_size / global_count
     total = torch.zeros((), device=device)
+    forward = ForwardTimer(device)
     for i, (inputs, targets) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
         with nullcontext() if last else state.strategy.no_sync(model):
-            with precision.autocast():
+            with precision.autocast(), forward:
+                if i == 0:
+                    maybe_slow_down(job.fault, state.step + 1, state.rank)
                 outputs = task.forward(model, inputs)
                 loss_sum = task.loss_sum(outputs, targets)
             precision.scaler.scale(loss_sum * scale).backward()
@@ -441,10 +480,10 @@ def _optimizer_step(
     precision.scaler.update()
     state.optimizer.zero_grad(set_to_none=True)
     state.scheduler.step()
-    return total, global_count
+    return total, global_count, forward.seconds()
 
 
-def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any], progress: Progress) -> None:
+def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any]) -> None:
     """Count the training FLOPs per sample once, on a meta-device copy of the model."""
     state.throughput.counted = True
     try:
@@ -455,7 +494,7 @@ def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any], progress: 
             batch,
         )
     except Exception as exc:  # a model that cannot run on meta tensors: no FLOP/s, say why
-        progress.line(
+        state.events.message(
             f"convoy: FLOPs not counted ({type(exc).__name__}: {exc}); "
             "no TFLOP/s or MFU for this run"
         )
@@ -482,47 +521,55 @@ def _record_step(timers: Timers, start: float, data_ready: float, end: float, ba
 
 
 def _log_step(
-    state: TrainState,
-    epoch: int,
-    loss_sum: torch.Tensor,
-    global_count: torch.Tensor,
-    outputs: RunOutputs,
-    progress: Progress,
+    job: Job, state: TrainState, epoch: int, loss_sum: torch.Tensor, global_count: torch.Tensor
 ) -> None:
-    """Log the step's exact mean loss over the whole global batch (all ranks), and every
-    rank's step time, data wait and memory since the last logged step."""
+    """Emit the step's exact mean loss over the whole global batch (all ranks), every rank's
+    figures since the last logged step, and any straggler among the ranks."""
     mean_loss = float(all_reduce_sum(loss_sum.double()) / global_count)
-    lr = state.scheduler.get_last_lr()[0]
-    ranks = _rank_interval(state)
-    outputs.log(
-        {"kind": "step", "step": state.step, "epoch": epoch + 1, "train/loss": mean_loss, "lr": lr}
-        | ranks
+    lr = float(state.scheduler.get_last_lr()[0])
+    ranks, rate = _rank_interval(state)
+    tflops, utilization = (
+        state.throughput.tflops(rate),
+        state.throughput.mfu(rate, state.world_size),
     )
-    shown = format_throughput(
-        ranks["tflops"], ranks["mfu"], on_cpu=state.strategy.device.type == "cpu"
+    on_cpu = state.strategy.device.type == "cpu"
+    state.events.emit(
+        StepEvent(
+            step=state.step,
+            epoch=epoch + 1,
+            loss=mean_loss,
+            lr=lr,
+            ranks=ranks,
+            samples_per_second=rate,
+            tflops=tflops,
+            mfu=utilization,
+            rate=_rate(state),
+            throughput_text=format_throughput(tflops, utilization, on_cpu=on_cpu),
+        )
     )
-    progress.step(state.step, epoch, mean_loss, float(lr), _rate(state), shown)
+    for straggler in find_stragglers(state.step, ranks, job.monitor):
+        state.events.emit(straggler)
 
 
-def _rank_interval(state: TrainState) -> dict[str, Any]:
-    """Every rank's mean step time, data wait and peak memory since the last logged step
-    (one small all-gather), the global samples/s over it, and the achieved TFLOP/s and MFU."""
-    steps, step_seconds, wait_seconds, samples = state.timers.interval
-    state.timers.interval = [0.0, 0.0, 0.0, 0.0]
+def _rank_interval(state: TrainState) -> tuple[RankStats, float]:
+    """Every rank's mean step time, data wait, local work and peak memory since the last
+    logged step (one small all-gather), and the global samples/s over it."""
+    steps, step_seconds, wait_seconds, samples, forward_seconds = state.timers.interval
+    state.timers.interval = [0.0] * 5
     per = max(1.0, steps)
     device = state.strategy.device
     memory = float(peak_memory_bytes(device))
-    gathered = all_gather_floats([step_seconds / per, wait_seconds / per, memory], device)
+    local = (wait_seconds + forward_seconds) / per
+    gathered = all_gather_floats([step_seconds / per, wait_seconds / per, local, memory], device)
     # The step is synchronous: the slowest rank sets the pace of all.
     rate = samples / max(max(rank[0] for rank in gathered) * steps, 1e-9)
-    return {
-        "rank_step_seconds": [rank[0] for rank in gathered],
-        "rank_data_wait_seconds": [rank[1] for rank in gathered],
-        "rank_memory_bytes": [int(rank[2]) for rank in gathered],
-        "samples_per_second": rate,
-        "tflops": state.throughput.tflops(rate),
-        "mfu": state.throughput.mfu(rate, state.world_size),
-    }
+    stats = RankStats(
+        step_seconds=[rank[0] for rank in gathered],
+        data_wait_seconds=[rank[1] for rank in gathered],
+        local_seconds=[rank[2] for rank in gathered],
+        memory_bytes=[int(rank[3]) for rank in gathered],
+    )
+    return stats, rate
 
 
 def _rate(state: TrainState) -> tuple[float, str]:

@@ -1,0 +1,74 @@
+"""Live monitoring of the workers: local-work timing and straggler detection.
+
+In synchronous training every rank waits for the slowest in the gradient all-reduce, so each
+rank's step time is the same and cannot show which rank holds the others up. What differs is
+the work a rank does before it waits on anyone: its data wait and its forward pass (under
+``single`` and ``ddp``; under ``fsdp``/``fsdp2`` the forward also gathers parameters, so
+there a slow rank's delay spreads to all and only a data-wait straggler stands out).
+Every logged step gathers those figures from each rank; a rank that is slower than the median
+rank by more than ``monitor.straggler_margin`` (and ``monitor.straggler_min_seconds``) is named.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from types import TracebackType
+
+import torch
+
+from convoy.config import MonitorConfig
+from convoy.engine.events import RankStats, StragglerEvent
+
+
+class ForwardTimer:
+    """Adds up the seconds spent inside ``with timer:`` blocks (device time on CUDA, whose
+    kernels run asynchronously; read with ``seconds()`` once, after the blocks)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self.total = 0.0
+        self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        self._start = 0.0
+
+    def __enter__(self) -> ForwardTimer:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record()
+            self._events.append((start, torch.cuda.Event(enable_timing=True)))
+        else:
+            self._start = time.perf_counter()
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        if self.cuda:
+            self._events[-1][1].record()
+        else:
+            self.total += time.perf_counter() - self._start
+
+    def seconds(self) -> float:
+        if self.cuda:
+            for start, end in self._events:
+                end.synchronize()
+                self.total += start.elapsed_time(end) / 1e3
+            self._events = []
+        return self.total
+
+
+def find_stragglers(step: int, ranks: RankStats, cfg: MonitorConfig) -> list[StragglerEvent]:
+    """The ranks whose local work per step exceeds the median rank's by the margin."""
+    local = ranks.local_seconds
+    if len(local) < 2:
+        return []
+    median = statistics.median(local)
+    found = []
+    for rank, seconds in enumerate(local):
+        slower = seconds - median
+        if slower > cfg.straggler_min_seconds and slower > cfg.straggler_margin * median:
+            found.append(StragglerEvent(step, rank, seconds, median, ranks.data_wait_seconds[rank]))
+    return found
