@@ -143,12 +143,13 @@ def running_local_cluster() -> str | None:
         return None
 
 
-def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
+def ensure_ray(ray: Any, cluster: RayCluster, resources: dict[str, float] | None = None) -> bool:
     """Connect to or start Ray; True if this call started it (and must shut it down).
 
     ``RAY_ADDRESS`` names a cluster to join. Without it, a Ray already running on this
     machine is joined (``ray.init(num_cpus=...)`` would refuse it), and said so; otherwise a
-    private local Ray is started for this run and stopped after it.
+    private local Ray is started for this run and stopped after it, with the custom
+    ``resources`` given (a sweep's trial-driver slots).
     """
     if ray.is_initialized():
         return False
@@ -175,6 +176,7 @@ def ensure_ray(ray: Any, cluster: RayCluster) -> bool:
     quiet_ray_loggers()
     ray.init(
         num_cpus=os.cpu_count(),
+        resources=resources or None,
         # The dashboard serves the state API, which Ray Train's placement-group cleaner needs
         # (without it a stopped run's workers leak their CPUs); on loopback only.
         include_dashboard=True,
@@ -328,7 +330,10 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     return job.model_copy(update={"scaling": scaling})
 
 
-def build_trainer(job: Job, entry: WorkerEntry = TRAIN) -> Any:
+def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ...] = ()) -> Any:
+    """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
+    the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
+    ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller."""
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
@@ -369,6 +374,7 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN) -> Any:
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=job.scaling.max_failures),
             checkpoint_config=checkpoint_config(job),
+            callbacks=list(callbacks),
         ),
     )
 
@@ -387,23 +393,32 @@ class RayLauncher(Launcher):
         )
         started = ensure_ray(ray, self.cluster)
         try:
-            nodes = alive_node_resources(ray)
-            hosts = len(worker_nodes(job, nodes))
-            where = f"this Ray cluster has {hosts} that can host them"
-            if job.scaling.elastic and shared_cluster and hosts < 2:
-                hosts, where = 2, "an elastic run grows onto nodes that join"
-            check_shared_storage(job, hosts, where)
-            job = reserve_data_cpus(job, nodes)
-            check_cluster_resources(job, nodes)
+            job = prepare_on_cluster(ray, job, shared_cluster)
             storage = write_config(job)
-            _fit(build_trainer(job, entry), job)
+            fit(build_trainer(job, entry), job)
         finally:
             if started:
                 ray.shutdown()
         return RunResult(storage.uri, read_summary(storage.uri))
 
 
-def _fit(trainer: Any, job: Job) -> Any:
+def prepare_on_cluster(ray: Any, job: Job, shared_cluster: bool = False) -> Job:
+    """Check ``job`` against the connected cluster before anything starts: storage every host
+    can reach, CPUs left to Ray Data, a placeable worker group. Returns the job as it runs
+    (train workers' CPUs fitted next to Ray Data)."""
+    nodes = alive_node_resources(ray)
+    hosts = len(worker_nodes(job, nodes))
+    where = f"this Ray cluster has {hosts} that can host them"
+    if job.scaling.elastic and shared_cluster and hosts < 2:
+        hosts, where = 2, "an elastic run grows onto nodes that join"
+    check_shared_storage(job, hosts, where)
+    job = reserve_data_cpus(job, nodes)
+    check_cluster_resources(job, nodes)
+    return job
+
+
+def fit(trainer: Any, job: Job) -> Any:
+    """``trainer.fit()``, with a worker's ConvoyError or a lost node turned into one line."""
     from ray.train import TrainingFailedError
 
     try:
@@ -501,9 +516,12 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     import ray.train
     from ray.train.torch import get_device
 
+    from convoy.integrations.ray_train import RayTrainReportSink
+
     quiet_ray_loggers()
     job = job_from_dict(config["job"])
     context = ray.train.get_context()
+    reports = RayTrainReportSink()
     ctx = WorkerContext(
         rank=context.get_world_rank(),
         local_rank=context.get_local_rank(),
@@ -511,8 +529,9 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         local_world_size=context.get_local_world_size(),
         device=get_device() if job.scaling.use_gpu else torch.device("cpu"),
         cpus=ray.get_runtime_context().get_assigned_resources().get("CPU"),
-        checkpoint_reporter=functools.partial(report_checkpoint, job),
+        checkpoint_reporter=functools.partial(report_checkpoint, job, reports),
         resume_from=_ray_latest_checkpoint(),
+        sinks=(reports, *_prometheus_sinks(job, context.get_world_rank())),
     )
     if "ray_data" in config:
         from convoy.data.ray_data import ray_worker_data
@@ -520,11 +539,21 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         data = ray_worker_data(job, config["ray_data"], ctx.rank, ctx.world_size)
         ctx = dataclasses.replace(ctx, data=data)
     summary = WorkerEntry.from_dict(config["entry"]).run(job, ctx)
-    # report() is a barrier every rank calls once; rank 0's copy reaches Result.metrics.
-    ray.train.report(dict(summary.get("metrics", {})))
+    # The last report: the run's final metrics (rank 0's copy reaches Result.metrics).
+    reports.finish(dict(summary.get("metrics", {})))
 
 
-def report_checkpoint(job: Job, relative_path: str, metrics: dict[str, float]) -> None:
+def _prometheus_sinks(job: Job, rank: int) -> tuple[Any, ...]:
+    if not job.monitor.prometheus:
+        return ()
+    from convoy.integrations.prometheus import PrometheusSink
+
+    return (PrometheusSink(job.run.name or "unnamed", rank),)
+
+
+def report_checkpoint(
+    job: Job, reports: Any, relative_path: str, metrics: dict[str, float]
+) -> None:
     """Register a committed checkpoint with Ray Train (every rank calls this once per save).
 
     Convoy has already written every rank's shards and the commit marker into the run
@@ -534,7 +563,7 @@ def report_checkpoint(job: Job, relative_path: str, metrics: dict[str, float]) -
     Ray from deleting an older checkpoint before the newer one is complete.
     """
     import ray.train
-    from ray.train import Checkpoint, CheckpointUploadMode
+    from ray.train import Checkpoint
 
     storage = ray.train.get_context().get_storage()
     checkpoint = Checkpoint(
@@ -544,10 +573,8 @@ def report_checkpoint(job: Job, relative_path: str, metrics: dict[str, float]) -
     score = job.checkpoint.best_metric
     # A checkpoint without the ranking metric (saved before the first evaluation) ranks last.
     worst = float("inf") if job.checkpoint.best_mode == "min" else float("-inf")
-    ray.train.report(
-        {**metrics, score: metrics.get(score, worst), "checkpoint": relative_path},
-        checkpoint=checkpoint,
-        checkpoint_upload_mode=CheckpointUploadMode.NO_UPLOAD,
+    reports.report_checkpoint(
+        {**metrics, score: metrics.get(score, worst), "checkpoint": relative_path}, checkpoint
     )
 
 
