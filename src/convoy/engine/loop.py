@@ -214,7 +214,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.throughput = Throughput(name, peak_flops(name, job.precision))
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
-    state.events = build_sinks(job, ctx, outputs, state.task, total_steps)
+    state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
     try:
         steps = (steps_per_epoch, total_steps)
         summary = _train_and_summarize(job, ctx, state, data, storage, outputs, steps)

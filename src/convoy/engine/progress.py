@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from typing import TextIO
-
-from convoy.tasks import Task
 
 PERCENT_METRICS = ("acc", "top5")
 
@@ -68,7 +67,7 @@ def format_metric(name: str, value: float) -> str:
 
 
 def format_epoch(
-    epoch: int, epochs: int, values: dict[str, float], seconds: float, task: Task
+    epoch: int, epochs: int, values: dict[str, float], seconds: float, shown: Sequence[str]
 ) -> str:
     """``epoch 3/20  train loss 0.1200 acc 96.1%  val loss 0.1000 acc 97.0%  (4.2s)``."""
     parts = [f"epoch {epoch + 1}/{epochs}"]
@@ -77,7 +76,7 @@ def format_epoch(
             continue
         shown = [
             format_metric(name, values[f"{split}/{name}"])
-            for name in ("loss", *task.progress_metrics)
+            for name in ("loss", *shown)
             if f"{split}/{name}" in values
         ]
         parts.append(f"{split} " + " ".join(shown))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Sequence
 from typing import Any
 
 from convoy.config import Job
@@ -26,7 +27,6 @@ from convoy.engine.events import (
 )
 from convoy.engine.progress import Progress, format_epoch
 from convoy.outputs import RunOutputs
-from convoy.tasks import Task
 
 
 class SinkUnavailable(Exception):
@@ -66,9 +66,10 @@ class ProgressSink(Sink):
     name = "progress"
     required = True
 
-    def __init__(self, progress: Progress, task: Task) -> None:
+    def __init__(self, progress: Progress, shown: Sequence[str] = ()) -> None:
         self.progress = progress
-        self.task = task
+        self.shown = tuple(shown)
+        """The metrics an epoch line shows after the loss (the task's ``progress_metrics``)."""
         self._stragglers: set[int] = set()
         """Ranks named a straggler at the last logged step (named once, until they recover)."""
         self._seen: set[int] = set()
@@ -88,7 +89,7 @@ class ProgressSink(Sink):
 
     def on_epoch(self, event: EpochEvent) -> None:
         self.progress.line(
-            format_epoch(event.epoch - 1, event.epochs, event.metrics, event.seconds, self.task)
+            format_epoch(event.epoch - 1, event.epochs, event.metrics, event.seconds, self.shown)
         )
 
     def on_straggler(self, event: StragglerEvent) -> None:
@@ -109,14 +110,15 @@ TRACKING_SINKS = (
 
 
 def build_sinks(
-    job: Job, ctx: WorkerContext, outputs: RunOutputs, task: Task, total_steps: int
+    job: Job, ctx: WorkerContext, outputs: RunOutputs, shown: Sequence[str], total_steps: int
 ) -> EventBus:
     """This rank's sinks: the run's files and log on rank 0, the tracking sinks the job turns
-    on (rank 0), and the launcher's own (``ctx.sinks``, every rank, closed by the launcher)."""
+    on (rank 0), and the launcher's own (``ctx.sinks``, every rank, closed by the launcher).
+    ``shown``: the metrics an epoch line shows after the loss."""
     sinks: list[Sink] = []
     if ctx.is_main:
         sinks.append(MetricsFileSink(outputs))
-        sinks.append(ProgressSink(Progress(total_steps, job.run.progress, True), task))
+        sinks.append(ProgressSink(Progress(total_steps, job.run.progress, True), shown))
         sinks.extend(_tracking_sinks(job, ctx))
     return EventBus(sinks, borrowed=tuple(ctx.sinks))
 
