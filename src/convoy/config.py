@@ -423,8 +423,8 @@ class MonitorConfig(Section):
     """Live monitoring of the workers, at every logged step (``run.log_every_steps``)."""
 
     straggler_margin: Annotated[float, Field(gt=0)] = 0.25
-    """A rank whose local work per step (data wait + forward) exceeds the median rank's by more
-    than this fraction is named a straggler."""
+    """A rank whose local work per step (data wait + forward) exceeds the median of the other
+    ranks' by more than this fraction is named a straggler."""
     straggler_min_seconds: Annotated[float, Field(ge=0)] = 0.002
     """...and by more than this many seconds, so timer noise on tiny models names nobody."""
     prometheus: bool = True

@@ -129,7 +129,7 @@ class CheckpointEvent:
 
 @dataclass(frozen=True)
 class StragglerEvent:
-    """A rank whose local work per step exceeds the median rank's by more than the margin."""
+    """A rank whose local work per step exceeds the other ranks' median by the margin."""
 
     kind: ClassVar[str] = "straggler"
     step: int
@@ -148,8 +148,8 @@ class StragglerEvent:
         return (
             f"convoy: straggler at step {self.step}: rank {self.rank} takes "
             f"{1e3 * self.seconds:.1f} ms of local work per step (data wait "
-            f"{1e3 * self.data_wait_seconds:.1f} ms + forward) against the median rank's "
-            f"{1e3 * self.median_seconds:.1f} ms: {100 * self.slower_by:.0f}% slower"
+            f"{1e3 * self.data_wait_seconds:.1f} ms + forward) against the other ranks' "
+            f"median {1e3 * self.median_seconds:.1f} ms: {100 * self.slower_by:.0f}% slower"
         )
 
     def record(self) -> dict[str, Any]:

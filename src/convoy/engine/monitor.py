@@ -6,7 +6,7 @@ the work a rank does before it waits on anyone: its data wait and its forward pa
 ``single`` and ``ddp``; under ``fsdp``/``fsdp2`` the forward also gathers parameters, so
 there a slow rank's delay spreads to all and only a data-wait straggler stands out).
 Every logged step gathers those figures from each rank; a rank that is slower than the median
-rank by more than ``monitor.straggler_margin`` (and ``monitor.straggler_min_seconds``) is named.
+of the other ranks by more than ``monitor.straggler_margin`` (and ``monitor.straggler_min_seconds``) is named.
 """
 
 from __future__ import annotations
@@ -61,14 +61,19 @@ class ForwardTimer:
 
 
 def find_stragglers(step: int, ranks: RankStats, cfg: MonitorConfig) -> list[StragglerEvent]:
-    """The ranks whose local work per step exceeds the median rank's by the margin."""
+    """The ranks whose local work per step exceeds the median of the other ranks' by the
+    margin. (Leaving the rank out of its own reference matters for small worlds: with two
+    ranks, the median of all would be the mean, and would halve a straggler's lead.)"""
     local = ranks.local_seconds
-    if len(local) < 2:
-        return []
-    median = statistics.median(local)
     found = []
     for rank, seconds in enumerate(local):
+        others = local[:rank] + local[rank + 1 :]
+        if not others:
+            continue
+        median = statistics.median(others)
         slower = seconds - median
         if slower > cfg.straggler_min_seconds and slower > cfg.straggler_margin * median:
-            found.append(StragglerEvent(step, rank, seconds, median, ranks.data_wait_seconds[rank]))
+            found.append(
+                StragglerEvent(step, rank, seconds, median, ranks.data_wait_seconds[rank])
+            )
     return found
