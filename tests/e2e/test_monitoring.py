@@ -68,7 +68,9 @@ class ReportLog:
     def __init__(self, path: Path) -> None:
         self.path = str(path)
 
-    def after_report(self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any) -> None:
+    def after_report(
+        self, run_context: Any, metrics: list[dict[str, Any]], checkpoint: Any
+    ) -> None:
         with open(self.path, "a") as out:
             out.write(json.dumps({"metrics": metrics, "checkpoint": checkpoint is not None}) + "\n")
 
@@ -86,14 +88,18 @@ def test_every_epoch_and_checkpoint_reaches_ray_train_in_order(tmp_path: Path, r
 
     # The callback is pickled into the controller actor, which cannot import this test file.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    callback = type("ReportLogCallback", (ReportLog, UserCallback), {})(tmp_path / "report-log.jsonl")
+    callback = type("ReportLogCallback", (ReportLog, UserCallback), {})(
+        tmp_path / "report-log.jsonl"
+    )
     job = digits_job(
         tmp_path, "reports", "ray", "run.epochs=3", "scaling.cpus_per_worker=0.5",
         "checkpoint.every_epochs=2",
     )  # fmt: skip
     write_config(job)
     fit(build_trainer(job, callbacks=(callback,)), job)
-    reports = [json.loads(line) for line in (tmp_path / "report-log.jsonl").read_text().splitlines()]
+    reports = [
+        json.loads(line) for line in (tmp_path / "report-log.jsonl").read_text().splitlines()
+    ]
     # epoch 1, epoch 2, the epoch-2 checkpoint, epoch 3, the final checkpoint, the end.
     epochs = [r["metrics"][0]["epoch"] for r in reports]
     assert epochs == [1, 2, 2, 3, 3, 3], reports

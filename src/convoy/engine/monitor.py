@@ -73,7 +73,5 @@ def find_stragglers(step: int, ranks: RankStats, cfg: MonitorConfig) -> list[Str
         median = statistics.median(others)
         slower = seconds - median
         if slower > cfg.straggler_min_seconds and slower > cfg.straggler_margin * median:
-            found.append(
-                StragglerEvent(step, rank, seconds, median, ranks.data_wait_seconds[rank])
-            )
+            found.append(StragglerEvent(step, rank, seconds, median, ranks.data_wait_seconds[rank]))
     return found
