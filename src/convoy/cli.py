@@ -240,6 +240,13 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
         values = {**references, **metrics}
         cells = [_cell(column, values.get(f"{split}/{column}")) for column in columns]
         lines.append(f"{split:<8}" + "".join(cells))
+    # A Lightning run's metrics keep the names the module logged (val_loss, test_acc).
+    named = {key: value for key, value in metrics.items() if "/" not in key}
+    if named:
+        if len(lines) == 2:  # no split/name rows: drop their empty header
+            lines = []
+        lines += ["", f"{'metric':<16}{'value':>12}"]
+        lines += [f"{key:<16}{value:>12.4f}" for key, value in named.items()]
     memory = ", ".join(f"{m / 2**20:,.0f}" for m in summary["peak_memory_bytes_per_rank"])
     step = summary["step_seconds_median"]
     lines += [

@@ -30,7 +30,16 @@ SAMPLE_ROWS = 2
 
 def preflight(job: Job) -> Job:
     """Check ``job`` against the code and data it names; returns it with ``auto`` settings
-    resolved (``checkpoint.best_mode``). Raises ``ConfigError`` on the first problem."""
+    resolved (``checkpoint.best_mode``). Raises ``ConfigError`` on the first problem.
+
+    A ``lightning:`` job brings its own module and data: the task, model and data fields are
+    not used, and Lightning's checks (``convoy.integrations.lightning_checks``) run instead.
+    """
+    if job.lightning.enabled:
+        from convoy.integrations.lightning_checks import check_lightning
+
+        check_lightning(job)
+        return job
     from convoy.data.registry import check_dataset, load_splits
     from convoy.models.registry import check_model
 

@@ -77,6 +77,13 @@ class WorkerEntry:
 
 
 TRAIN = WorkerEntry()
+LIGHTNING = WorkerEntry("convoy.integrations.lightning:train_lightning")
+"""A recipe with a ``lightning:`` section: the user's LightningModule under Lightning's Trainer."""
+
+
+def default_entry(job: Job) -> WorkerEntry:
+    """What ``convoy train`` runs for ``job``: the engine, or the Lightning entry."""
+    return LIGHTNING if job.lightning.enabled else TRAIN
 
 
 class Launcher(ABC):
@@ -84,9 +91,12 @@ class Launcher(ABC):
 
     def launch(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         """Check ``job`` (``convoy.preflight``), fix its run directory, and run ``entry``
-        (the training engine unless told otherwise) to completion on this launcher's workers."""
+        (the training engine unless told otherwise) to completion on this launcher's workers.
+        A job with a ``lightning:`` section trains with the Lightning entry instead."""
         from convoy.preflight import preflight
 
+        if entry == TRAIN:
+            entry = default_entry(job)
         checked = preflight(job) if entry.preflight else job
         # Before any worker starts, not as a traceback from rank 0's first write.
         check_writable_dir(job.run.storage_dir, "run.storage_dir")

@@ -1,0 +1,257 @@
+"""Run a user's ``LightningModule`` unchanged under Convoy's launchers and strategies.
+
+``train_lightning(job, ctx)`` is the worker entry the launchers run instead of the engine
+when the job has a ``lightning:`` section (``convoy.launchers.base.default_entry``). On every
+worker it joins the process group as the engine does (Ray's already exists), builds the
+user's module and datamodule, and fits them with a ``lightning.Trainer`` whose strategy,
+devices, epochs, steps, seed, precision and logging interval come from the recipe
+(``lightning_strategies``). Everything lands in Convoy's run directory:
+
+- ``metrics.jsonl`` and the other sinks, through ``ConvoyEvents`` (``lightning_events``);
+- ``lightning_logs/version_N/metrics.csv``: Lightning's own CSVLogger, for comparison;
+- ``checkpoints/``: Lightning's ``ModelCheckpoint`` with ``last.ckpt`` (a directory under
+  fsdp2's distributed checkpoint). Running the same ``run.name`` again resumes from it.
+
+Under Ray the checkpoints are not registered with Ray Train: the run directory is Ray's
+experiment directory, and a restarted attempt finds ``last.ckpt`` there by itself.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from convoy.config import Job
+from convoy.distributed import (
+    WorkerContext,
+    all_gather_objects,
+    peak_memory_bytes,
+    peak_reserved_bytes,
+    process_group,
+    worker_threads,
+)
+from convoy.engine.events import EndEvent, EvalEvent
+from convoy.engine.sinks import build_sinks
+from convoy.errors import ConfigError
+from convoy.imports import describe, import_attribute
+from convoy.outputs import RunOutputs
+from convoy.storage import RunStorage
+
+LIGHTNING_ENTRY = "convoy.integrations.lightning:train_lightning"
+PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+CHECKPOINT_DIR = "checkpoints"
+LAST_CHECKPOINT = "last.ckpt"
+LOGS_DIR = "lightning_logs"
+WARMUP_STEPS_EXCLUDED = 3
+"""Batches left out of the steady-state step time, as in the engine's summary."""
+
+
+def train_lightning(job: Job, ctx: WorkerContext) -> dict[str, Any]:
+    """Fit (and test, when the module has a test loop) the job's LightningModule on this
+    worker; returns the run summary (rank 0 also writes it)."""
+    torch.set_num_threads(job.scaling.threads_per_worker or worker_threads(ctx))
+    needed = job.strategy.name != "single" or ctx.world_size > 1
+    with process_group(ctx, job.run.collective_timeout_s, needed):
+        return _train(job, ctx)
+
+
+def _train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
+    import lightning
+
+    from convoy.integrations.lightning_events import ConvoyEvents
+    from convoy.integrations.lightning_strategies import prepare_module
+
+    lightning.seed_everything(job.run.seed, verbose=False)
+    module, datamodule = build_user_objects(job)
+    prepare_module(job, module)
+    outputs = RunOutputs(RunStorage.at(job.run_uri), enabled=ctx.is_main)
+    resume = last_checkpoint(job)
+    events = ConvoyEvents(
+        ctx, job, header(job, ctx), lambda steps: build_sinks(job, ctx, outputs, (), steps)
+    )
+    if resume is not None:
+        events.pending_messages.append(f"convoy: resumed from {resume}")
+    trainer = build_trainer(job, ctx, events)
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume) if resume else None)
+        bus = events.open_bus(events.total_steps)
+        final = _final_metrics(trainer)
+        if has_test_loop(module, datamodule):
+            test = _test(trainer, module, datamodule)
+            bus.emit(EvalEvent("test", trainer.global_step, trainer.current_epoch, test))
+            final |= test
+        summary = _summary(job, ctx, trainer, events, final, resume)
+        bus.emit(EndEvent(summary))
+    finally:
+        if events.bus is not None:
+            events.bus.close()
+    return summary
+
+
+def build_user_objects(job: Job) -> tuple[Any, Any]:
+    """The user's module and datamodule (None when the module brings its own loaders)."""
+    cfg = job.lightning
+    assert cfg.module is not None
+    module = _construct("lightning.module", cfg.module, cfg.module_kwargs)
+    datamodule = None
+    if cfg.datamodule is not None:
+        datamodule = _construct("lightning.datamodule", cfg.datamodule, cfg.datamodule_kwargs)
+    return module, datamodule
+
+
+def _construct(field: str, path: str, kwargs: dict[str, Any]) -> Any:
+    cls = import_attribute(field, path, "expected package.module:Class")
+    try:
+        return cls(**kwargs)
+    except Exception as exc:  # the user's constructor: one line, not a traceback
+        raise ConfigError(f"{field}_kwargs", kwargs, f"{path} raised {describe(exc)}") from None
+
+
+def header(job: Job, ctx: WorkerContext) -> str:
+    return (
+        f"convoy: {job.lightning.module} via Lightning | {job.strategy.name} x {ctx.world_size} "
+        f"on {job.scaling.launcher} | {job.precision} ({PRECISIONS[job.precision]})"
+    )
+
+
+def last_checkpoint(job: Job) -> Path | None:
+    """``<run>/checkpoints/last.ckpt`` (a file, or fsdp2's directory) when resuming is on."""
+    path = Path(job.run_uri) / CHECKPOINT_DIR / LAST_CHECKPOINT
+    return path if job.checkpoint.resume and path.exists() else None
+
+
+def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
+    """A ``lightning.Trainer`` for ``job`` on this worker (the strategy per launcher)."""
+    import lightning
+    from lightning.pytorch.loggers import CSVLogger
+
+    from convoy.integrations.lightning_strategies import build_layout
+
+    layout = build_layout(job, ctx)
+    run_dir = Path(job.run_uri)
+    callbacks = [events, *_checkpoint_callbacks(job, run_dir)]
+    options: dict[str, Any] = {
+        "enable_progress_bar": False,  # Convoy's progress sink prints rank 0's progress
+        **job.lightning.trainer_kwargs,
+    }
+    trainer = lightning.Trainer(
+        accelerator="gpu" if job.scaling.use_gpu else "cpu",
+        strategy=layout.strategy,
+        devices=layout.devices,
+        num_nodes=layout.num_nodes,
+        plugins=layout.plugins or None,
+        precision=PRECISIONS[job.precision],  # type: ignore[arg-type]
+        max_epochs=job.run.epochs,
+        max_steps=job.run.max_steps or -1,
+        log_every_n_steps=job.run.log_every_steps,
+        check_val_every_n_epoch=job.run.eval_every_epochs,
+        logger=CSVLogger(str(run_dir), name=LOGS_DIR),
+        callbacks=callbacks,
+        default_root_dir=str(run_dir),
+        enable_checkpointing=job.checkpoint.enabled,
+        **options,
+    )
+    if job.scaling.launcher == "ray" and job.strategy.name in ("ddp", "fsdp"):
+        from ray.train.lightning import prepare_trainer
+
+        trainer = prepare_trainer(trainer)  # validates the Ray strategy and environment
+    return trainer
+
+
+def _checkpoint_callbacks(job: Job, run_dir: Path) -> list[Any]:
+    """Lightning's ``ModelCheckpoint`` into the run directory: ``last.ckpt`` plus the latest
+    ``checkpoint.keep_latest`` (ranked by step), every ``every_steps`` or ``every_epochs``."""
+    cfg = job.checkpoint
+    if not cfg.enabled:
+        return []
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    every = (
+        {"every_n_train_steps": cfg.every_steps}
+        if cfg.every_steps
+        else {"every_n_epochs": cfg.every_epochs}
+    )
+    return [
+        ModelCheckpoint(
+            dirpath=str(run_dir / CHECKPOINT_DIR),
+            filename="epoch={epoch}-step={step}",
+            auto_insert_metric_name=False,
+            monitor="step",
+            mode="max",
+            save_top_k=cfg.keep_latest,
+            save_last=True,
+            **every,
+        )
+    ]
+
+
+def has_test_loop(module: Any, datamodule: Any) -> bool:
+    """The module has a ``test_step`` and test data comes from it or the datamodule."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    if not is_overridden("test_step", module):
+        return False
+    return is_overridden("test_dataloader", module) or (
+        datamodule is not None and is_overridden("test_dataloader", datamodule)
+    )
+
+
+def _test(trainer: Any, module: Any, datamodule: Any) -> dict[str, float]:
+    from convoy.integrations.lightning_events import metric_values
+
+    results = trainer.test(module, datamodule=datamodule, verbose=False)
+    merged: dict[str, Any] = {}
+    for result in results:
+        merged |= result
+    return metric_values(merged)
+
+
+def _final_metrics(trainer: Any) -> dict[str, float]:
+    from convoy.integrations.lightning_events import metric_values
+
+    return metric_values(trainer.callback_metrics)
+
+
+def _summary(
+    job: Job,
+    ctx: WorkerContext,
+    trainer: Any,
+    events: Any,
+    final: dict[str, float],
+    resumed: Path | None,
+) -> dict[str, Any]:
+    clock = events.clock
+    steady = clock.step_seconds[WARMUP_STEPS_EXCLUDED:] or clock.step_seconds
+    end = time.time()
+    reserved = all_gather_objects(peak_reserved_bytes(ctx.device))
+    return {
+        "run_name": job.run.name,
+        "task": f"lightning {job.lightning.module}",
+        "strategy": job.strategy.name,
+        "launcher": job.scaling.launcher,
+        "world_size": ctx.world_size,
+        "precision": job.precision,
+        "steps": trainer.global_step,
+        "epochs": trainer.current_epoch,
+        "resumed_from": str(resumed) if resumed else None,
+        "planned_steps": events.total_steps,
+        "metrics": final,
+        "engine_start_time": events.started,
+        "first_step_end_time": clock.first_step_end,
+        "end_time": end,
+        "wall_seconds": end - events.started,
+        "train_seconds": clock.train_seconds,
+        "samples_per_second": clock.samples * ctx.world_size / max(clock.train_seconds, 1e-9),
+        "step_seconds_median": statistics.median(steady) if steady else None,
+        "step_seconds_p10": float(np.quantile(steady, 0.1)) if steady else None,
+        "step_seconds_p90": float(np.quantile(steady, 0.9)) if steady else None,
+        "data_wait_fraction": clock.data_wait_seconds / max(clock.train_seconds, 1e-9),
+        "peak_memory_bytes_per_rank": all_gather_objects(peak_memory_bytes(ctx.device)),
+        "peak_memory_reserved_bytes_per_rank": None if None in reserved else reserved,
+        "lightning_log_dir": trainer.logger.log_dir if trainer.logger else None,
+    }

@@ -1,0 +1,202 @@
+"""Checks of a ``lightning:`` job, run once in the driver (``convoy.preflight``).
+
+Each failure is one ``ConfigError`` naming the field, before any worker starts: Lightning
+missing (with the extra to install), a class path that does not import or is not a
+``LightningModule`` / ``LightningDataModule``, a module with no data, a strategy or option
+Lightning cannot run here, and ``trainer_kwargs`` that Convoy sets itself or Lightning's
+``Trainer`` does not take.
+"""
+
+from __future__ import annotations
+
+import difflib
+import inspect
+from typing import Any
+
+from convoy.config import Job
+from convoy.errors import ConfigError, one_of
+from convoy.imports import import_attribute
+from convoy.storage import is_remote
+
+INSTALL_HINT = "pip install 'convoy[lightning]'"
+
+OWNED_TRAINER_KWARGS = {
+    "accelerator": "scaling.use_gpu",
+    "strategy": "strategy.name",
+    "devices": "scaling.num_workers",
+    "num_nodes": "scaling.num_workers",
+    "plugins": "scaling.launcher",
+    "precision": "precision",
+    "max_epochs": "run.epochs",
+    "max_steps": "run.max_steps",
+    "log_every_n_steps": "run.log_every_steps",
+    "check_val_every_n_epoch": "run.eval_every_epochs",
+    "logger": "the run directory (a CSVLogger under <run>/lightning_logs)",
+    "callbacks": "Convoy's event and checkpoint callbacks",
+    "default_root_dir": "run.storage_dir and run.name",
+    "enable_checkpointing": "checkpoint.every_epochs / checkpoint.every_steps",
+}
+"""Trainer arguments Convoy derives from the recipe, and the field that sets each."""
+
+
+def import_lightning() -> Any:
+    """``lightning``, or a ConfigError naming the extra that installs it."""
+    try:
+        import lightning
+    except ImportError:
+        raise ConfigError(
+            "lightning.module", None, f"Lightning is not installed; {INSTALL_HINT}"
+        ) from None
+    return lightning
+
+
+def check_lightning(job: Job) -> None:
+    """Everything about ``job.lightning`` that can be checked before workers start."""
+    lightning = import_lightning()
+    cfg = job.lightning
+    assert cfg.module is not None
+    module_class = load_class("lightning.module", cfg.module, lightning.LightningModule)
+    check_kwargs("lightning.module_kwargs", module_class, cfg.module_kwargs)
+    if cfg.datamodule is not None:
+        data_class = load_class(
+            "lightning.datamodule", cfg.datamodule, lightning.LightningDataModule
+        )
+        check_kwargs("lightning.datamodule_kwargs", data_class, cfg.datamodule_kwargs)
+    elif not _overrides(module_class, lightning.LightningModule, "train_dataloader"):
+        raise ConfigError(
+            "lightning.datamodule",
+            None,
+            f"{cfg.module} defines no train_dataloader, so it needs a LightningDataModule: "
+            "set lightning.datamodule to package.module:Class",
+        )
+    check_trainer_kwargs(cfg.trainer_kwargs, lightning.Trainer)
+    check_strategy(job)
+    check_run_layout(job)
+
+
+def load_class(field: str, path: str, base: type) -> type:
+    """The class ``path`` names; it must subclass ``base``. A missing attribute gets a
+    did-you-mean from the module's classes."""
+    module_name, _, attr = path.partition(":")
+    try:
+        value = import_attribute(field, path, f"expected package.module:{base.__name__}Class")
+    except ConfigError as exc:
+        if "has no attribute" not in exc.allowed:
+            raise
+        import importlib
+
+        names = [
+            n for n, v in vars(importlib.import_module(module_name)).items() if _is_sub(v, base)
+        ]
+        guess = difflib.get_close_matches(attr, names, n=1, cutoff=0.6)
+        hint = f"; did you mean {module_name}:{guess[0]}?" if guess else ""
+        raise ConfigError(field, path, exc.allowed + hint) from None
+    if not _is_sub(value, base):
+        kind = type(value).__name__ if not inspect.isclass(value) else f"class {value.__name__}"
+        raise ConfigError(
+            field, path, f"{kind} is not a {base.__module__.split('.')[0]}.{base.__name__}"
+        )
+    return value
+
+
+def check_kwargs(field: str, cls: type, kwargs: dict[str, Any]) -> None:
+    """The constructor accepts ``kwargs`` (bound, not called: building may be costly)."""
+    try:
+        inspect.signature(cls).bind(**kwargs)
+    except TypeError as exc:
+        raise ConfigError(field, kwargs, f"{cls.__name__}({_signature(cls)}): {exc}") from None
+
+
+def _signature(cls: type) -> str:
+    return ", ".join(str(p) for p in inspect.signature(cls).parameters.values())
+
+
+def _is_sub(value: Any, base: type) -> bool:
+    return inspect.isclass(value) and issubclass(value, base) and value is not base
+
+
+def _overrides(cls: type, base: type, name: str) -> bool:
+    return getattr(cls, name, None) is not getattr(base, name, None)
+
+
+def check_trainer_kwargs(kwargs: dict[str, Any], trainer_class: Any) -> None:
+    """Refuse keys Convoy sets itself, and keys ``Trainer`` does not take."""
+    for key in kwargs:
+        if key in OWNED_TRAINER_KWARGS:
+            raise ConfigError(
+                f"lightning.trainer_kwargs.{key}",
+                kwargs[key],
+                f"Convoy sets {key} from {OWNED_TRAINER_KWARGS[key]}; set that instead",
+            )
+    accepted = [
+        name for name in inspect.signature(trainer_class.__init__).parameters if name != "self"
+    ]
+    for key in kwargs:
+        if key not in accepted:
+            guess = difflib.get_close_matches(key, accepted, n=1)
+            hint = f"did you mean {guess[0]!r}? " if guess else ""
+            raise ConfigError(
+                f"lightning.trainer_kwargs.{key}",
+                kwargs[key],
+                f"{hint}lightning.Trainer takes no argument {key!r}",
+            )
+
+
+def check_strategy(job: Job) -> None:
+    """The strategy and its options must be ones Lightning runs here."""
+    strategy = job.strategy
+    if strategy.name == "fsdp" and not job.scaling.use_gpu:
+        raise ConfigError(
+            "strategy.name",
+            "fsdp",
+            "Lightning's FSDPStrategy needs a GPU (scaling.use_gpu: true); on CPU use 'fsdp2' "
+            "(ModelParallelStrategy) or 'ddp'",
+        )
+    refused = {
+        "comm_hook": ("none", "DDP communication hooks are not passed to Lightning"),
+        "cpu_offload": (False, "CPU offload is not wired into Lightning's strategies"),
+        "reduce_dtype": ("fp32", "Lightning's precision plugin decides the reduce dtype"),
+    }
+    for option, (default, why) in refused.items():
+        value = getattr(strategy, option, default)
+        if value != default:
+            raise ConfigError(
+                f"strategy.{option}",
+                value,
+                f"{why}; a lightning: job takes {option}: {default!r}",
+            )
+
+
+def check_run_layout(job: Job) -> None:
+    """Options of the engine that a Lightning run cannot honour."""
+    if is_remote(job.run.storage_dir):
+        raise ConfigError(
+            "run.storage_dir",
+            job.run.storage_dir,
+            "a lightning: job writes checkpoints and its CSV log with Lightning into a local "
+            "or shared path; s3:// is not supported for it",
+        )
+    if job.scaling.elastic:
+        raise ConfigError(
+            "scaling.num_workers",
+            job.scaling.worker_bounds,
+            "a lightning: job runs a fixed number of workers; give one number",
+        )
+    if job.data.loader != "torch":
+        raise ConfigError(
+            "data.loader",
+            job.data.loader,
+            "a lightning: job reads its LightningDataModule's own DataLoaders; use 'torch'",
+        )
+    if job.checkpoint.keep_best:
+        raise ConfigError(
+            "checkpoint.keep_best",
+            job.checkpoint.keep_best,
+            "a lightning: job keeps the latest checkpoints (checkpoint.keep_latest); set 0",
+        )
+    if job.fault.kind != "none":
+        raise ConfigError(
+            "fault.kind",
+            job.fault.kind,
+            "fault injection runs in Convoy's engine only; " + one_of(["none"]),
+        )
