@@ -73,6 +73,9 @@ def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = N
     storage = RunStorage.at(run)
     if storage.exists(TOKENIZER_FILE):  # a text model travels with its tokenizer
         (out_dir / TOKENIZER_FILE).write_text(storage.read_text(TOKENIZER_FILE))
+    from convoy.integrations.mlflow import log_export
+
+    log_export(run, out_dir, name)  # into the run's MLflow run, when it had one
     return out_dir
 
 

@@ -1,18 +1,30 @@
 """The TensorBoard sink: event files under ``<run>/tensorboard/`` (rank 0).
 
-Scalars per logged step (train loss, lr, throughput, per-rank step time, data wait and
-memory), per epoch (every train and val metric) and at the end (test metrics), all against
-the optimizer step; the resolved recipe as text.
+Scalars per logged step (loss, lr, throughput, every rank's step time, data wait, local work
+and memory), per epoch (every train and val metric), the test metrics at the end and named
+stragglers, all against the optimizer step (names: ``convoy.integrations.scalars``); the
+resolved recipe and the summary as text. No hparams: ``SummaryWriter.add_hparams`` writes a
+run of its own per call, and the recipe is in the text tab (and in MLflow's params).
+
+Every attempt of a run writes a new event file next to the earlier ones (the writer names
+files by time, host and process), so a resumed run appends and TensorBoard shows one curve.
+An ``s3://`` run writes into a local staging folder and uploads its event file to
+``<run>/tensorboard/`` after every epoch and at the end.
 """
 
 from __future__ import annotations
 
+import json
+import shutil
+import tempfile
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 from convoy.config import Job
 from convoy.distributed import WorkerContext
 from convoy.engine.events import (
+    EndEvent,
     EpochEvent,
     EvalEvent,
     Sink,
@@ -21,13 +33,19 @@ from convoy.engine.events import (
     StragglerEvent,
 )
 from convoy.engine.sinks import SinkUnavailable
+from convoy.integrations.scalars import (
+    epoch_scalars,
+    eval_scalars,
+    step_scalars,
+    straggler_scalars,
+)
 from convoy.storage import RunStorage
 
 TENSORBOARD_DIR = "tensorboard"
 
 
 def build(job: Job, ctx: WorkerContext) -> Sink:
-    """A TensorBoard sink writing into the run directory (local runs; S3 runs stage locally)."""
+    """A TensorBoard sink writing into the run directory (``s3://`` runs stage locally)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError as exc:
@@ -35,57 +53,74 @@ def build(job: Job, ctx: WorkerContext) -> Sink:
             f"TensorBoard is not installed ({exc}); pip install 'convoy[tracking]' or set "
             "tracking.tensorboard: false"
         ) from None
-    local = RunStorage.at(job.run_uri).local_path(TENSORBOARD_DIR)
-    if local is None:
-        raise SinkUnavailable(
-            f"run.storage_dir {job.run.storage_dir!r} is not a local directory; TensorBoard "
-            "event files are written locally only"
-        )
-    return TensorBoardSink(SummaryWriter(log_dir=str(local)))
+    storage = RunStorage.at(job.run_uri)
+    local = storage.local_path(TENSORBOARD_DIR)
+    if local is not None:
+        return TensorBoardSink(SummaryWriter(log_dir=str(local)))
+    staging = Path(tempfile.mkdtemp(prefix="convoy-tensorboard-"))
+    return TensorBoardSink(SummaryWriter(log_dir=str(staging)), Upload(storage, staging))
+
+
+class Upload:
+    """Copies a local staging folder's event files to ``<run>/tensorboard/`` (remote runs)."""
+
+    def __init__(self, storage: RunStorage, staging: Path) -> None:
+        self.storage = storage
+        self.staging = staging
+
+    def __call__(self) -> None:
+        self.storage.upload(self.staging, TENSORBOARD_DIR)
+
+    def remove_staging(self) -> None:
+        shutil.rmtree(self.staging, ignore_errors=True)
 
 
 class TensorBoardSink(Sink):
     name = "tensorboard"
 
-    def __init__(self, writer: Any) -> None:
+    def __init__(self, writer: Any, upload: Upload | None = None) -> None:
         self.writer = writer
+        self.upload = upload
 
     def on_start(self, event: StartEvent) -> None:
         import yaml
 
         text = yaml.safe_dump(event.job, sort_keys=False)
-        self.writer.add_text("recipe", f"```yaml\n{text}\n```", 0)
+        self.writer.add_text("recipe", _code_block(text, "yaml"), 0)
 
     def on_step(self, event: StepEvent) -> None:
-        scalars = {
-            "train/loss": event.loss,
-            "lr": event.lr,
-            "throughput/samples_per_second": event.samples_per_second,
-            "throughput/tflops": event.tflops,
-            "throughput/mfu": event.mfu,
-        }
-        for rank, seconds in enumerate(event.ranks.step_seconds):
-            scalars[f"ranks/step_seconds/rank{rank}"] = seconds
-            scalars[f"ranks/data_wait_seconds/rank{rank}"] = event.ranks.data_wait_seconds[rank]
-            scalars[f"ranks/local_seconds/rank{rank}"] = event.ranks.local_seconds[rank]
-            scalars[f"ranks/memory_bytes/rank{rank}"] = event.ranks.memory_bytes[rank]
-        self._scalars(scalars, event.step)
+        self._scalars(step_scalars(event), event.step)
 
     def on_epoch(self, event: EpochEvent) -> None:
-        self._scalars({**event.metrics, "epoch": event.epoch}, event.step)
+        self._scalars(epoch_scalars(event), event.step)
+        if self.upload is not None:  # a remote run keeps up to the last epoch if killed
+            self.upload()
 
     def on_eval(self, event: EvalEvent) -> None:
-        if event.split == "test":
-            self._scalars(event.metrics, event.step)
+        self._scalars(eval_scalars(event), event.step)
 
     def on_straggler(self, event: StragglerEvent) -> None:
-        self._scalars({f"stragglers/rank{event.rank}/slower_by": event.slower_by}, event.step)
+        self._scalars(straggler_scalars(event), event.step)
 
-    def _scalars(self, values: Mapping[str, float | None], step: int) -> None:
+    def on_end(self, event: EndEvent) -> None:
+        text = json.dumps(event.summary, indent=2, default=str)
+        self.writer.add_text("summary", _code_block(text, "json"), event.summary.get("steps", 0))
+        self.writer.flush()
+
+    def _scalars(self, values: Mapping[str, float], step: int) -> None:
         for tag, value in values.items():
-            if value is not None:
-                self.writer.add_scalar(tag, value, step)
+            self.writer.add_scalar(tag, value, step)
         self.writer.flush()
 
     def close(self) -> None:
         self.writer.close()
+        if self.upload is not None:
+            try:
+                self.upload()
+            finally:
+                self.upload.remove_staging()
+
+
+def _code_block(text: str, language: str) -> str:
+    # TensorBoard renders text summaries as markdown; a fenced block keeps the indentation.
+    return f"```{language}\n{text}\n```"
