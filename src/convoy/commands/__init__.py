@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-COMMAND_MODULES = ("bench", "plan", "report")
+COMMAND_MODULES = ("bench", "plan", "report", "tune")
 
 
 def add_parsers(commands: Any) -> None:

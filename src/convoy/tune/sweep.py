@@ -1,0 +1,475 @@
+"""Running a sweep: Ray Tune trials, each a normal Convoy run on Ray Train V2.
+
+``plan_sweep`` checks everything that needs no Ray (recipe, space, search, metric, names) and
+returns a ``Sweep``. ``run_sweep`` connects to Ray, sizes the concurrency to what the cluster
+can hold, and fits a ``ray.tune.Tuner`` (or restores one). Every trial is ``run_trial``: it
+builds its job from the recipe and its sampled values, names the run after its trial id
+under the sweep's directory (so a re-launched trial resumes from its own Ray Train
+checkpoint), and fits a ``TorchTrainer`` whose ``TuneReportCallback`` hands each Convoy
+report (one per epoch, per committed checkpoint, and the final one) to Tune.
+
+The trial's Tune actor is only a driver: it holds one ``TRIAL_DRIVER`` custom resource and no
+CPU, so drivers never take the CPUs their own train workers wait for. ASHA's time axis is
+``epoch`` (every Convoy report carries it; checkpoint reports also count as Tune results, so
+``training_iteration`` is not the epoch), with ``max_t = run.epochs``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from convoy.config import Job, apply_overrides, load_job, read_yaml
+from convoy.errors import ConfigError, ConvoyError, ResourceError, one_of
+from convoy.storage import is_remote
+from convoy.tune.space import (
+    Dim,
+    check_search,
+    check_space,
+    job_with,
+    load_space,
+    set_field,
+    trial_count,
+    tune_domains,
+)
+
+TRIAL_DRIVER = "convoy_trial_driver"
+"""The custom Ray resource a trial's driver holds instead of a CPU (one per trial)."""
+TUNE_DIR = "tune"
+"""Ray Tune's experiment directory inside the sweep's (its state, for ``--resume``)."""
+PLAN_FILE = "sweep.json"
+"""What the sweep was started with; ``--resume`` refuses a changed recipe or space."""
+SCHEDULERS = ("asha", "none")
+DEFAULT_SAMPLES = 8
+PLACEMENT_GROUP_SETTLE_S = 30.0
+"""Ray Train's cleaner removes a stopped trial's worker group within seconds; wait this long."""
+
+
+class SweepError(ConvoyError):
+    """A sweep that cannot start or resume as asked."""
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A checked sweep: everything decided before Ray starts."""
+
+    name: str
+    sweep_dir: Path
+    recipe: dict[str, Any]
+    """The recipe as trials start from it (launcher ray, storage under the sweep)."""
+    base: Job
+    """The recipe's job, checked by preflight."""
+    dims: list[Dim]
+    search: str
+    scheduler: str
+    metric: str
+    mode: str
+    samples: int
+    trials: int
+    grace_epochs: int
+    reduction_factor: float
+    max_concurrent: int | None
+    largest: Job
+    """Of the checked combinations, the one whose worker group asks for the most."""
+    origin_storage_dir: str
+    """The recipe's own ``run.storage_dir``: where ``best.yaml`` trains."""
+    command: list[str] = field(default_factory=list)
+
+    @property
+    def tune_dir(self) -> Path:
+        return self.sweep_dir / TUNE_DIR
+
+    def record(self) -> dict[str, Any]:
+        """What a resumed sweep must share with the one it continues."""
+        return {
+            "recipe": self.recipe,
+            "space": {d.key: {d.kind: list(d.values)} for d in self.dims},
+            "search": self.search,
+            "scheduler": self.scheduler,
+            "metric": self.metric,
+            "mode": self.mode,
+            "samples": self.samples,
+            "grace_epochs": self.grace_epochs,
+            "reduction_factor": self.reduction_factor,
+        }
+
+
+def recipe_data(path: str | None, overrides: list[str]) -> dict[str, Any]:
+    """The recipe as a plain dict with overrides applied (``load_job`` has checked it).
+
+    Sampled values go into this dict, not into a dumped ``Job``: a dump holds every default
+    of the recipe's strategy, which another ``strategy.name`` would refuse.
+    """
+    loaded = read_yaml(Path(path).read_text()) if path else None
+    return apply_overrides(loaded or {}, overrides)
+
+
+def plan_sweep(
+    recipe: str | None,
+    overrides: list[str],
+    space: str,
+    *,
+    name: str | None = None,
+    search: str = "random",
+    scheduler: str | None = None,
+    metric: str | None = None,
+    mode: str | None = None,
+    samples: int | None = None,
+    max_concurrent: int | None = None,
+    grace_epochs: int = 1,
+    reduction_factor: float = 2.0,
+    resume: bool = False,
+) -> Sweep:
+    """Check the recipe, the space and the options; nothing starts. Raises ``ConvoyError``."""
+    job = load_job(recipe, overrides)
+    if is_remote(job.run.storage_dir):
+        raise ConfigError(
+            "run.storage_dir",
+            job.run.storage_dir,
+            "convoy tune keeps a sweep (Ray Tune's state, the trials' runs) on a local or "
+            "shared path",
+        )
+    data = recipe_data(recipe, overrides)
+    if job.scaling.launcher != "ray":
+        print(f"convoy: trials run on Ray Train (scaling.launcher was {job.scaling.launcher!r})")
+        data = set_field(data, "scaling.launcher", "ray")
+    dims = load_space(space)
+    check_search(dims, search, space)
+    samples = _check_counts(job, search, samples, max_concurrent, grace_epochs, reduction_factor)
+    scheduler = _check_scheduler(scheduler)
+    if resume and not name:
+        raise SweepError("--resume: name the sweep to continue with --name SWEEP")
+    name = name or _default_name(recipe)
+    sweep_dir = Path(job.run.storage_dir).expanduser().resolve() / name
+    data = set_field(data, "run.storage_dir", str(sweep_dir))
+    data.get("run", {}).pop("name", None)
+    jobs = check_space(data, dims, space)
+    base = job_with(data, {})
+    metric, mode = check_metric(base, metric or job.checkpoint.best_metric, mode)
+    sweep = Sweep(
+        name=name,
+        sweep_dir=sweep_dir,
+        recipe=data,
+        base=base,
+        dims=dims,
+        search=search,
+        scheduler=scheduler,
+        metric=metric,
+        mode=mode,
+        samples=samples,
+        trials=trial_count(dims, search, samples),
+        grace_epochs=grace_epochs,
+        reduction_factor=reduction_factor,
+        max_concurrent=max_concurrent,
+        largest=max(jobs, key=_trial_size),
+        origin_storage_dir=job.run.storage_dir,
+    )
+    check_resume(sweep, resume)
+    return sweep
+
+
+def _check_counts(
+    job: Job,
+    search: str,
+    samples: int | None,
+    max_concurrent: int | None,
+    grace_epochs: int,
+    reduction_factor: float,
+) -> int:
+    if samples is None:
+        samples = 1 if search == "grid" else DEFAULT_SAMPLES
+    if samples < 1:
+        raise SweepError(f"--samples: got {samples}; at least 1")
+    if max_concurrent is not None and max_concurrent < 1:
+        raise SweepError(f"--max-concurrent: got {max_concurrent}; at least 1")
+    if not 1 <= grace_epochs <= job.run.epochs:
+        raise SweepError(
+            f"--grace-epochs: got {grace_epochs}; between 1 and run.epochs ({job.run.epochs})"
+        )
+    if reduction_factor <= 1:
+        raise SweepError(f"--reduction-factor: got {reduction_factor:g}; more than 1")
+    if search == "optuna":
+        check_optuna()
+    return samples
+
+
+def _check_scheduler(scheduler: str | None) -> str:
+    scheduler = scheduler or "asha"
+    if scheduler not in SCHEDULERS:
+        raise SweepError(f"--scheduler: got {scheduler!r}; {one_of(SCHEDULERS)}")
+    return scheduler
+
+
+def check_optuna() -> None:
+    """``--search optuna`` needs the optional ``optuna`` package."""
+    import importlib.util
+
+    if importlib.util.find_spec("optuna") is None:
+        raise SweepError(
+            "--search optuna: the optuna package is not installed; pip install 'convoy[tune]'"
+        )
+
+
+def _default_name(recipe: str | None) -> str:
+    stem = Path(recipe).stem if recipe else "defaults"
+    return f"{stem}-sweep-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
+def _trial_size(job: Job) -> tuple[float, float]:
+    """GPUs, then CPUs, that one trial's worker group asks for."""
+    from convoy.launchers.ray import worker_resources
+
+    request = worker_resources(job)
+    workers = job.scaling.max_workers
+    return workers * request.get("GPU", 0.0), workers * request.get("CPU", 0.0)
+
+
+def check_metric(job: Job, metric: str, mode: str | None) -> tuple[str, str]:
+    """The metric must be one the task reports every epoch on this data; returns it with its
+    mode (``--mode``, else the task's way for it).
+
+    Preflight already checks ``checkpoint.best_metric`` against the task's rankable metrics
+    (``Task.rankable`` on the real data's shape), and resolves its mode: the check is run on
+    the recipe with the sweep's metric in that field, so the data is loaded once.
+    """
+    from convoy.preflight import preflight
+
+    if mode is not None and mode not in ("min", "max"):
+        raise SweepError(f"--mode: got {mode!r}; {one_of(('min', 'max'))}")
+    same = metric == job.checkpoint.best_metric
+    checkpoint = job.checkpoint.model_copy(
+        update={"best_metric": metric, "best_mode": job.checkpoint.best_mode if same else "auto"}
+    )
+    try:
+        checked = preflight(job.model_copy(update={"checkpoint": checkpoint}))
+    except ConfigError as exc:
+        if exc.field != "checkpoint.best_metric":
+            raise
+        raise SweepError(
+            f"--metric: got {metric!r}; ASHA and the ranking need a metric every epoch "
+            f"reports: {exc.allowed}"
+        ) from None
+    return metric, mode or checked.checkpoint.best_mode
+
+
+def check_resume(sweep: Sweep, resume: bool) -> None:
+    """A new sweep must not reuse a sweep's directory; a resumed one must find it unchanged."""
+    plan = sweep.sweep_dir / PLAN_FILE
+    started = plan.is_file() or (sweep.tune_dir / "tuner.pkl").is_file()
+    if not resume:
+        if started:
+            raise SweepError(
+                f"--name: a sweep named {sweep.name!r} exists at {sweep.sweep_dir}; add --resume "
+                "to continue it, or pick another --name"
+            )
+        return
+    if not (plan.is_file() and (sweep.tune_dir / "tuner.pkl").is_file()):
+        raise SweepError(
+            f"--resume: no sweep to resume at {sweep.sweep_dir} (no {PLAN_FILE} and Ray Tune "
+            f"state in {TUNE_DIR}/); check --name and run.storage_dir"
+        )
+    saved = json.loads(plan.read_text())
+    changed = [key for key, value in sweep.record().items() if saved.get(key) != _json(value)]
+    if changed:
+        raise SweepError(
+            f"--resume: the sweep {sweep.name!r} was started with another {changed[0]} "
+            f"({_json(saved.get(changed[0]))}); resume it with the same recipe, overrides, "
+            "space and options"
+        )
+
+
+def _json(value: Any) -> Any:
+    """``value`` as it reads back from JSON (tuples become lists)."""
+    return json.loads(json.dumps(value))
+
+
+# ---------------------------------------------------------------------------------------------
+# On Ray.
+
+
+@dataclass(frozen=True)
+class SweepOutcome:
+    """What ``run_sweep`` leaves for the results table."""
+
+    trials: list[Any]
+    """Ray Tune's ``Trial`` objects (status, config, last result, metric analysis)."""
+    concurrent: int
+    wall_seconds: float
+    placement_groups_left: int
+    interrupted: bool
+
+
+def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -> SweepOutcome:
+    """Connect to (or start) Ray and run the sweep to its end, or until interrupted."""
+    from convoy.launchers.ray import (
+        RayCluster,
+        ensure_ray,
+        import_ray,
+        prepare_on_cluster,
+    )
+
+    ray = import_ray()
+    cluster = RayCluster.from_env()
+    if not (ray.is_initialized() or cluster.address):
+        pin_state_api()
+    started = ensure_ray(ray, cluster, resources={TRIAL_DRIVER: float(sweep.trials)})
+    try:
+        prepare_on_cluster(ray, sweep.largest)
+        concurrent = concurrency(ray, sweep)
+        before = live_placement_groups(ray)
+        sweep.sweep_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            (sweep.sweep_dir / PLAN_FILE).write_text(json.dumps(sweep.record(), indent=2))
+        print(
+            f"convoy: sweep {sweep.name}: {sweep.trials} trial(s), {concurrent} at once, "
+            f"{sweep.search} search, scheduler {sweep.scheduler} on {sweep.metric} ({sweep.mode})"
+            f"{' (resumed)' if resume else ''} -> {sweep.sweep_dir}",
+            flush=True,
+        )
+        start = time.perf_counter()
+        tuner = build_tuner(sweep, concurrent, resume, retry_errored)
+        grid = tuner.fit()
+        wall = time.perf_counter() - start
+        # ResultGrid keeps the Trial objects (status included) only on its analysis.
+        trials = list(grid._experiment_analysis.trials)
+        left = settle_placement_groups(ray, before)
+    finally:
+        if started:
+            ray.shutdown()
+    interrupted = any(t.status not in ("TERMINATED", "ERROR") for t in trials)
+    return SweepOutcome(trials, concurrent, wall, left, interrupted)
+
+
+def pin_state_api(port: int = 8265) -> None:
+    """Point Ray's state API at the embedded Ray's dashboard (its default port, when free).
+
+    Ray Train's placement-group cleaner finds the state API through ``RAY_API_SERVER_ADDRESS``
+    or ``RAY_ADDRESS``, else by looking for Ray on this machine, which fails when another Ray
+    runs here too ("Found multiple active Ray instances"): a stopped trial's workers would
+    then keep their CPUs. The embedded Ray's processes inherit this environment.
+    """
+    import os
+    import socket
+
+    if os.environ.get("RAY_API_SERVER_ADDRESS"):
+        return
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return  # taken: Ray picks another port, and the lookup is left to Ray
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+
+
+def concurrency(ray: Any, sweep: Sweep) -> int:
+    """Trials at once: ``--max-concurrent``, lowered to what the cluster can hold; by default
+    all it can hold (its CPUs and GPUs // one trial's worker group, and its driver slots)."""
+    from convoy.launchers.ray import alive_node_resources, placeable_workers, worker_resources
+
+    slots = int(ray.cluster_resources().get(TRIAL_DRIVER, 0.0))
+    if slots < 1:
+        raise ResourceError(
+            f"this Ray cluster has no {TRIAL_DRIVER!r} resource, which each trial's driver "
+            "holds instead of a CPU (so drivers never starve their own workers); start the "
+            f"head (or any node) with: ray start ... --resources='{{\"{TRIAL_DRIVER}\": 8}}' "
+            "(8 trials at once), or unset RAY_ADDRESS to sweep on an embedded local Ray"
+        )
+    job = sweep.largest
+    request = worker_resources(job)
+    fits = placeable_workers(request, alive_node_resources(ray)) // job.scaling.max_workers
+    capacity = min(fits, slots)
+    wanted = sweep.max_concurrent
+    if wanted is None:
+        return max(1, min(capacity, sweep.trials))
+    if wanted > capacity:
+        held = f"{fits} worker group(s) of {job.scaling.max_workers} x {request}"
+        print(
+            f"convoy: --max-concurrent {wanted}: this cluster holds {capacity} trial(s) at once "
+            f"({held}; {slots} {TRIAL_DRIVER} slot(s)); using {capacity}",
+            flush=True,
+        )
+        return max(1, capacity)
+    return wanted
+
+
+def build_tuner(sweep: Sweep, concurrent: int, resume: bool, retry_errored: bool) -> Any:
+    """A new ``Tuner`` for the sweep, or the interrupted one restored from its directory."""
+    from ray import tune
+
+    from convoy.tune.trial import SweepProgress, run_trial, trial_dirname
+
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, recipe=sweep.recipe), {TRIAL_DRIVER: 1}
+    )
+    if resume:
+        # Finished trials stay finished; unfinished ones continue (their runs resume from
+        # their Ray Train checkpoints); errored ones restart from scratch only when asked.
+        return tune.Tuner.restore(
+            str(sweep.tune_dir),
+            trainable=trainable,
+            resume_unfinished=True,
+            restart_errored=retry_errored,
+        )
+    return tune.Tuner(
+        trainable,
+        param_space=tune_domains(sweep.dims, sweep.search),
+        tune_config=tune.TuneConfig(
+            metric=sweep.metric,
+            mode=sweep.mode,
+            search_alg=_search_alg(sweep),
+            scheduler=_scheduler(sweep),
+            num_samples=sweep.samples,
+            max_concurrent_trials=concurrent,
+            trial_dirname_creator=trial_dirname,
+        ),
+        run_config=tune.RunConfig(
+            name=TUNE_DIR,
+            storage_path=str(sweep.sweep_dir),
+            verbose=0,
+            callbacks=[SweepProgress(sweep.metric, sweep.base.run.epochs)],
+        ),
+    )
+
+
+def _search_alg(sweep: Sweep) -> Any:
+    if sweep.search != "optuna":
+        return None  # Ray Tune's BasicVariantGenerator: random draws, grid_search expanded
+    from ray.tune.search.optuna import OptunaSearch
+
+    return OptunaSearch(seed=sweep.base.run.seed)
+
+
+def _scheduler(sweep: Sweep) -> Any:
+    from convoy.tune.trial import FinishingASHA
+
+    if sweep.scheduler == "none":
+        return None
+    return FinishingASHA(
+        time_attr="epoch",
+        max_t=sweep.base.run.epochs,
+        grace_period=sweep.grace_epochs,
+        reduction_factor=sweep.reduction_factor,
+    )
+
+
+def live_placement_groups(ray: Any) -> set[str]:
+    """Ids of the cluster's placement groups that are not removed."""
+    from ray.util import placement_group_table
+
+    return {pg_id for pg_id, info in placement_group_table().items() if info["state"] != "REMOVED"}
+
+
+def settle_placement_groups(
+    ray: Any, before: set[str], timeout: float = PLACEMENT_GROUP_SETTLE_S
+) -> int:
+    """Placement groups the sweep created that are still not removed once Ray Train's cleaner
+    has had ``timeout`` seconds (a stopped trial's worker group is removed by it)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = live_placement_groups(ray) - before
+        if not left or time.monotonic() > deadline:
+            return len(left)
+        time.sleep(0.5)
