@@ -60,6 +60,7 @@ def ray_session(s3):
             include_dashboard=True,
             dashboard_host="127.0.0.1",
             logging_config=ray.LoggingConfig(log_level="ERROR"),
+            resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
         )
     yield ray
     ray.shutdown()

@@ -35,6 +35,7 @@ def test_command_set_is_pinned() -> None:
         "plan",
         "report",
         "train",
+        "tune",
     ]  # type: ignore[attr-defined]
 
 
@@ -54,6 +55,7 @@ def test_command_set_is_pinned() -> None:
         ["bench", "compare"],
         ["plan"],
         ["report"],
+        ["tune"],
     ],
 )
 def test_every_command_has_help(args: list[str], capsys: pytest.CaptureFixture[str]) -> None:

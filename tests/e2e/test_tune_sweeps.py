@@ -1,0 +1,109 @@
+"""convoy tune on a real local Ray: an ASHA sweep, and a sweep interrupted and resumed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from convoy.cli import main
+from convoy.config import load_job
+
+pytestmark = pytest.mark.e2e
+TINY = [
+    "-o", "model.name=mlp",
+    "-o", "model.kwargs={hidden: 32}",
+    "-o", "scaling.cpus_per_worker=0.5",
+    "-o", "optim.warmup_steps=0",
+    "-o", "run.progress=off",
+]  # fmt: skip
+
+
+def write_space(folder: Path, text: str) -> str:
+    path = folder / "space.yaml"
+    path.write_text(text)
+    return str(path)
+
+
+def results(sweep: Path) -> dict[str, Any]:
+    return json.loads((sweep / "results.json").read_text())
+
+
+def test_asha_stops_the_weak_trial_and_leaks_nothing(ray_session: Any, tmp_path: Path) -> None:
+    space = write_space(tmp_path, "optim.lr: {grid: [3.0e-3, 1.0e-5]}\n")
+    args = ["tune", "--space", space, "--samples", "1", "--max-concurrent", "1", "--name", "a"]
+    code = main([*args, *TINY, "-o", "run.epochs=2", "-o", f"run.storage_dir={tmp_path}"])
+    assert code == 0
+    sweep = tmp_path / "a"
+    record = results(sweep)
+    assert record["placement_groups_left"] == 0
+    by_lr = {t["values"]["optim.lr"]: t for t in record["trials"]}
+    weak, strong = by_lr[1e-5], by_lr[3e-3]
+    # Sequential trials: the weak one meets the strong one's epoch-1 loss at ASHA's rung.
+    assert (weak["status"], weak["epochs"]) == ("stopped", 1)
+    assert (strong["status"], strong["epochs"]) == ("finished", 2)
+    assert "test/acc" in strong["test"] and not weak["test"]
+    for trial in record["trials"]:
+        run = sweep / trial["trial_id"]
+        assert (run / "config.yaml").is_file() and (run / "metrics.jsonl").is_file()
+    assert (sweep / strong["trial_id"] / "summary.json").is_file()
+    best = load_job(sweep / "best.yaml")
+    assert best.optim.lr == 3e-3 and best.run.name is None
+
+
+def test_bad_metric_fails_before_ray(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    space = write_space(tmp_path, "optim.lr: {grid: [3.0e-3, 1.0e-3]}\n")
+    code = main(["tune", "--space", space, "--metric", "val/bleu", *TINY])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "--metric: got 'val/bleu'" in err and "'val/acc'" in err
+    assert main(["tune", "--space", space, "--samples", "0", *TINY]) == 2
+    assert "--samples: got 0" in capsys.readouterr().err
+
+
+def tune_process(tmp_path: Path, space: str, *extra: str) -> subprocess.Popen[str]:
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
+    command = [sys.executable, "-m", "convoy", "tune", "--space", space, "--name", "r"]
+    options = ["--scheduler", "none", "--samples", "1", "--max-concurrent", "1"]
+    storage = ["-o", "run.epochs=1", "-o", f"run.storage_dir={tmp_path}"]
+    return subprocess.Popen(
+        [*command, *options, *TINY, *storage, *extra],
+        env=env,
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def test_interrupted_sweep_resumes_without_repeating(ray_session: Any, tmp_path: Path) -> None:
+    space = write_space(tmp_path, "optim.lr: {grid: [3.0e-3, 2.0e-3, 1.0e-3]}\n")
+    sweep = tmp_path / "r"
+    first = tune_process(tmp_path, space)
+    deadline = time.monotonic() + 300
+    while not list(sweep.glob("*/summary.json")) and first.poll() is None:
+        assert time.monotonic() < deadline, "no trial finished"
+        time.sleep(0.5)
+    first.send_signal(signal.SIGINT)
+    output, _ = first.communicate(timeout=120)
+    assert first.returncode != 0, output  # interrupted: the resume command is printed
+    assert "--resume" in output
+    finished = {p.parent.name: p.parent.joinpath("metrics.jsonl").read_text()
+                for p in sweep.glob("*/summary.json")}  # fmt: skip
+    assert 1 <= len(finished) < 3
+    second = tune_process(tmp_path, space, "--resume")
+    output, _ = second.communicate(timeout=300)
+    assert second.returncode == 0, output
+    record = results(sweep)
+    assert len(record["trials"]) == 3
+    assert {t["status"] for t in record["trials"]} == {"finished"}
+    for trial_id, text in finished.items():  # not run again: nothing appended
+        assert (sweep / trial_id / "metrics.jsonl").read_text() == text
