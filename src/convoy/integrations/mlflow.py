@@ -61,10 +61,10 @@ DEFAULT_ARTIFACTS = "mlruns"
 PROBE_TIMEOUT_S = 3.0
 HTTP_LIMITS = {
     # MLflow's defaults (7 retries, back-off factor 2, 120 s timeout) wait minutes on a dead
-    # server; these give up within about half a minute at worst (2 s when the port is closed).
+    # server; these give up within about 20 s at worst (3 s when the port is closed).
     "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "2",
     "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
-    "MLFLOW_HTTP_REQUEST_TIMEOUT": "10",
+    "MLFLOW_HTTP_REQUEST_TIMEOUT": "5",
 }
 QUIET_LOGGERS = ("urllib3.connectionpool", "mlflow.store.db.utils", "alembic")
 """A retry's warning and a new SQLite store's "creating tables" lines."""
@@ -352,8 +352,12 @@ def _param_value(value: Any, limit: int) -> str:
 
 
 def _reason(exc: BaseException) -> str:
-    """A short cause: the OS error inside a requests/urllib3 error, else the first line."""
+    """A short cause: a timeout or the OS error inside a requests/urllib3 error, else the
+    exception's first line."""
     text = str(exc)
+    timeout = re.search(r"timed out\. \((?:read|connect) timeout=([\d.]+)\)", text)
+    if timeout:
+        return f"no answer within {timeout.group(1)} s"
     errno = re.search(r"\[Errno -?\d+\] ([^'\")]+)", text)
     if errno:
         return errno.group(1).strip()
