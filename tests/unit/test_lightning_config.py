@@ -148,3 +148,29 @@ def test_launch_refuses_before_any_worker_and_the_cli_exits_2(
     assert code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("convoy: error: strategy.name: got 'fsdp'")
+
+
+def test_the_train_summary_prints_the_names_the_module_logged() -> None:
+    from convoy.cli import format_summary
+
+    summary = {
+        "metrics": {"val_loss": 0.5, "val_acc": 0.875, "test_acc": 0.9},
+        "task": "lightning examples.lightning_classifier:DigitsClassifier",
+        "strategy": "ddp",
+        "world_size": 2,
+        "launcher": "ray",
+        "precision": "fp32",
+        "steps": 51,
+        "wall_seconds": 1.0,
+        "samples_per_second": 100.0,
+        "step_seconds_median": 0.01,
+        "data_wait_fraction": 0.1,
+        "peak_memory_bytes_per_rank": [2**20, 2**20],
+    }
+    lines = format_summary(summary, "/runs/digits").splitlines()
+    assert "split" not in " ".join(lines)  # no engine split/name rows, no empty table
+    assert [line.split() for line in lines if line.startswith(("val_", "test_"))] == [
+        ["val_loss", "0.5000"],
+        ["val_acc", "0.8750"],
+        ["test_acc", "0.9000"],
+    ]

@@ -3,9 +3,11 @@
 It runs on every rank and emits the same events in the same order there (the Ray report sink
 needs that): ``StartEvent`` when training starts, a ``StepEvent`` every
 ``run.log_every_steps`` optimizer steps with every rank's step time, data wait and peak
-memory (one small all-gather), and an ``EpochEvent`` at each epoch's end carrying
-``trainer.callback_metrics`` under the names the module logged them with. Data wait is the
-time between one batch's end and the next batch's start, where Lightning fetches the batch.
+memory (one small all-gather) and any straggler among the ranks, and an ``EpochEvent`` at
+each epoch's end carrying ``trainer.callback_metrics`` under the names the module logged them
+with. Data wait is the time between one batch's end and the next batch's start, where
+Lightning fetches the batch; local work (what straggler detection compares, as in the
+engine) is data wait plus the time from the batch's start to its backward (the forward).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from convoy.engine.events import (
     StartEvent,
     StepEvent,
 )
+from convoy.engine.monitor import find_stragglers
 from convoy.engine.progress import format_metric
 
 
@@ -41,17 +44,18 @@ class StepClock:
     train_seconds: float = 0.0
     samples: int = 0
     first_step_end: float | None = None
-    interval: list[float] = field(default_factory=lambda: [0.0] * 4)
-    """Since the last logged step: batches, seconds, data-wait seconds, samples (this rank)."""
+    interval: list[float] = field(default_factory=lambda: [0.0] * 5)
+    """Since the last logged step: batches, seconds, data-wait seconds, samples and forward
+    seconds (this rank)."""
 
-    def record(self, seconds: float, wait: float, samples: int) -> None:
+    def record(self, seconds: float, wait: float, samples: int, forward: float) -> None:
         if self.first_step_end is None:
             self.first_step_end = time.time()
         self.step_seconds.append(seconds)
         self.data_wait_seconds += wait
         self.train_seconds += seconds
         self.samples += samples
-        for i, value in enumerate((1.0, seconds, wait, float(samples))):
+        for i, value in enumerate((1.0, seconds, wait, float(samples), forward)):
             self.interval[i] += value
 
 
@@ -88,6 +92,7 @@ class ConvoyEvents(Callback):
         self.clock = StepClock()
         self.batch_start = self.previous_end = self.epoch_start = time.perf_counter()
         self.wait = 0.0
+        self.forward = 0.0
         self.logged_step = -1
         self.total_steps = 0
         """The optimizer steps Lightning plans (known once training starts)."""
@@ -121,6 +126,12 @@ class ConvoyEvents(Callback):
     ) -> None:
         self.batch_start = time.perf_counter()
         self.wait = self.batch_start - self.previous_end
+        self.forward = 0.0
+
+    def on_before_backward(
+        self, trainer: Trainer, pl_module: LightningModule, loss: torch.Tensor
+    ) -> None:
+        self.forward = time.perf_counter() - self.batch_start
 
     def on_train_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
@@ -130,7 +141,7 @@ class ConvoyEvents(Callback):
             samples = extract_batch_size(batch)
         except Exception:  # a batch Lightning cannot measure: no samples/s
             samples = 0
-        self.clock.record(now - self.previous_end, self.wait, samples)
+        self.clock.record(now - self.previous_end, self.wait, samples, self.forward)
         self.previous_end = now
         step = trainer.global_step
         if step != self.logged_step and step > 0 and step % self.log_every == 0:
@@ -158,19 +169,22 @@ class ConvoyEvents(Callback):
                 rate=(average, "samples"),
             )
         )
+        for straggler in find_stragglers(step, ranks, self.job.monitor):
+            self._emit(straggler)
 
     def _rank_interval(self, device: torch.device) -> tuple[RankStats, float]:
-        batches, seconds, wait, samples = self.clock.interval
-        self.clock.interval = [0.0] * 4
+        batches, seconds, wait, samples, forward = self.clock.interval
+        self.clock.interval = [0.0] * 5
         per = max(1.0, batches)
         memory = float(peak_memory_bytes(device))
-        gathered = all_gather_floats([seconds / per, wait / per, memory, samples], device)
+        local = (wait + forward) / per
+        gathered = all_gather_floats([seconds / per, wait / per, memory, samples, local], device)
         # The step is synchronous: the slowest rank sets everyone's pace.
         slowest = max(rank[0] for rank in gathered) * per
         stats = RankStats(
             step_seconds=[rank[0] for rank in gathered],
             data_wait_seconds=[rank[1] for rank in gathered],
-            local_seconds=[rank[1] for rank in gathered],
+            local_seconds=[rank[4] for rank in gathered],
             memory_bytes=[int(rank[2]) for rank in gathered],
         )
         return stats, sum(rank[3] for rank in gathered) / max(slowest, 1e-9)
