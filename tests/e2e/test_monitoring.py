@@ -4,11 +4,13 @@ at the node's metrics endpoint while the run goes on."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,53 +81,60 @@ class ReportLog:
 
 
 @pytest.mark.ray
-def test_every_epoch_and_checkpoint_reaches_ray_train_in_order(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+def test_a_ray_run_reports_every_epoch_in_order_and_exports_per_rank_metrics(
+    tmp_path: Path,
+    ray_session,  # type: ignore[no-untyped-def]
+) -> None:
+    """One Ray run (rank 1 slowed): Ray Train receives every epoch, checkpoint and the end, in
+    order, from every rank; the node's metrics endpoint serves each rank's figures while the
+    run goes on."""
+    import ray
     from ray import cloudpickle
     from ray.train import UserCallback
 
     from convoy.launchers.ray import build_trainer, fit
     from convoy.outputs import write_config
 
+    port = ray._private.worker._global_node.metrics_export_port
+    assert port and port > 0, "this Ray exports no metrics (ray[default] is needed)"
     # The callback is pickled into the controller actor, which cannot import this test file.
     cloudpickle.register_pickle_by_value(sys.modules[__name__])
-    callback = type("ReportLogCallback", (ReportLog, UserCallback), {})(
-        tmp_path / "report-log.jsonl"
-    )
+    log = tmp_path / "report-log.jsonl"
+    callback = type("ReportLogCallback", (ReportLog, UserCallback), {})(log)
     job = digits_job(
-        tmp_path, "reports", "ray", "run.epochs=3", "scaling.cpus_per_worker=0.5",
-        "checkpoint.every_epochs=2",
+        tmp_path, "watched", "ray", "run.epochs=4", "scaling.cpus_per_worker=0.5",
+        "checkpoint.every_epochs=2", *SLOW_RANK_1,
     )  # fmt: skip
     write_config(job)
-    fit(build_trainer(job, callbacks=(callback,)), job)
-    reports = [
-        json.loads(line) for line in (tmp_path / "report-log.jsonl").read_text().splitlines()
-    ]
-    # epoch 1, epoch 2, the epoch-2 checkpoint, epoch 3, the final checkpoint, the end.
-    epochs = [r["metrics"][0]["epoch"] for r in reports]
-    assert epochs == [1, 2, 2, 3, 3, 3], reports
-    assert [r["checkpoint"] for r in reports] == [False, False, True, False, True, False]
+    with scraping(port, job.run.name or "") as seen:
+        fit(build_trainer(job, callbacks=(callback,)), job)
+
+    reports = [json.loads(line) for line in log.read_text().splitlines()]
+    # epochs 1, 2, the epoch-2 checkpoint, 3, 4, the final checkpoint, the end.
+    assert [r["metrics"][0]["epoch"] for r in reports] == [1, 2, 2, 3, 4, 4, 4], reports
+    assert [r["checkpoint"] for r in reports] == [False, False, True, False, False, True, False]
     assert all(len(r["metrics"]) == 2 for r in reports)  # every rank reported each one
     epoch_records = [r for r in read_metrics(job.run_dir) if r["kind"] == "epoch"]
-    for report, record in zip([reports[0], reports[1], reports[3]], epoch_records, strict=True):
+    epoch_reports = [r for r in reports if not r["checkpoint"]][:4]
+    for report, record in zip(epoch_reports, epoch_records, strict=True):
         # Rank 0 reports the all-rank aggregates Convoy computed (the same as metrics.jsonl).
         assert report["metrics"][0]["val/acc"] == record["val/acc"]
         assert report["metrics"][0]["train/loss"] == record["train/loss"]
     final = reports[-1]["metrics"][0]
     assert final["done"] is True and "test/acc" in final
 
+    for rank in ("0", "1"):
+        for name in ("step_seconds", "data_wait_seconds", "local_seconds", "memory_bytes"):
+            assert f"ray_convoy_{name}/rank={rank}" in seen, sorted(seen)
+    assert "ray_convoy_train_loss/rank=0" in seen
+    # The slowed rank was counted as a straggler (tagged with the straggling rank).
+    assert "ray_convoy_stragglers_total/rank=1" in seen, sorted(seen)
 
-@pytest.mark.ray
-def test_per_rank_figures_are_scraped_from_the_metrics_endpoint_during_a_run(
-    tmp_path: Path,
-    ray_session,  # type: ignore[no-untyped-def]
-) -> None:
-    import ray
 
-    port = ray._private.worker._global_node.metrics_export_port
-    assert port and port > 0, "this Ray exports no metrics (ray[default] is needed)"
-    job = digits_job(
-        tmp_path, "scraped", "ray", "run.epochs=6", "scaling.cpus_per_worker=0.5", *SLOW_RANK_1
-    )
+@contextlib.contextmanager
+def scraping(port: int, run: str) -> Iterator[dict[str, str]]:
+    """Scrape ``/metrics`` every half second while the block runs; yields what was seen, by
+    ``<metric>/rank=<r>``, for this run's series."""
     seen: dict[str, str] = {}
     running = threading.Event()
     running.set()
@@ -137,23 +146,17 @@ def test_per_rank_figures_are_scraped_from_the_metrics_endpoint_during_a_run(
             except OSError:
                 text = b""
             for line in text.decode().splitlines():
-                if line.startswith("ray_convoy_") and 'run="scraped"' in line:
+                if line.startswith("ray_convoy_") and f'run="{run}"' in line:
                     seen.setdefault(line.split("{")[0] + _rank_tag(line), line)
             time.sleep(0.5)
 
     scraper = threading.Thread(target=scrape, daemon=True)
     scraper.start()
     try:
-        convoy.train(job)
+        yield seen
     finally:
         running.clear()
         scraper.join()
-    for rank in ("0", "1"):
-        for name in ("step_seconds", "data_wait_seconds", "local_seconds", "memory_bytes"):
-            assert f"ray_convoy_{name}/rank={rank}" in seen, sorted(seen)
-    assert "ray_convoy_train_loss/rank=0" in seen
-    # The slowed rank was counted as a straggler (tagged with the straggling rank).
-    assert "ray_convoy_stragglers_total/rank=1" in seen, sorted(seen)
 
 
 def _rank_tag(line: str) -> str:

@@ -179,3 +179,12 @@ def test_end_event_reaches_sinks_with_the_summary() -> None:
 
     EventBus([Ends()]).emit(EndEvent({"steps": 3}))
     assert Ends.summary == {"steps": 3}
+
+
+def test_the_first_logged_interval_is_warm_up_and_names_nobody() -> None:
+    from convoy.engine.monitor import StragglerWatch
+
+    watch = StragglerWatch(MonitorConfig())
+    slow = stats([0.010, 0.040])
+    assert watch.check(10, slow) == []  # first batches, thread pools: not a straggler
+    assert [s.rank for s in watch.check(20, slow)] == [1]

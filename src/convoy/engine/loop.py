@@ -29,7 +29,7 @@ from convoy.checkpoint import (
     checkpoint_path,
     partial_checkpoints,
 )
-from convoy.config import Job
+from convoy.config import Job, MonitorConfig
 from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_worker_data
 from convoy.data.registry import load_splits
 from convoy.distributed import (
@@ -63,7 +63,7 @@ from convoy.engine.flops import (
     peak_flops,
 )
 from convoy.engine.heartbeat import Heartbeat, hang_watch
-from convoy.engine.monitor import ForwardTimer, find_stragglers
+from convoy.engine.monitor import ForwardTimer, StragglerWatch
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.sinks import build_sinks
 from convoy.errors import ConfigError
@@ -145,6 +145,7 @@ class TrainState:
     """The last epoch's metrics: what a checkpoint is ranked by for keep_best."""
     heartbeat: Heartbeat | None = None
     events: EventBus = field(default_factory=EventBus)
+    stragglers: StragglerWatch = field(default_factory=lambda: StragglerWatch(MonitorConfig()))
     epoch: int = 0
     """0-based: the epoch being trained."""
     step: int = 0
@@ -214,6 +215,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.throughput = Throughput(name, peak_flops(name, job.precision))
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
+    state.stragglers = StragglerWatch(job.monitor)
     state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
     try:
         steps = (steps_per_epoch, total_steps)
@@ -547,7 +549,7 @@ def _log_step(
             throughput_text=format_throughput(tflops, utilization, on_cpu=on_cpu),
         )
     )
-    for straggler in find_stragglers(state.step, ranks, job.monitor):
+    for straggler in state.stragglers.check(state.step, ranks):
         state.events.emit(straggler)
 
 

@@ -75,3 +75,17 @@ def find_stragglers(step: int, ranks: RankStats, cfg: MonitorConfig) -> list[Str
         if slower > cfg.straggler_min_seconds and slower > cfg.straggler_margin * median:
             found.append(StragglerEvent(step, rank, seconds, median, ranks.data_wait_seconds[rank]))
     return found
+
+
+class StragglerWatch:
+    """``find_stragglers`` at every logged step but the first of a run (or of a restarted
+    attempt), whose interval holds the warm-up: the first batches, thread pools, the
+    allocator. A rank slow to start is not a straggler."""
+
+    def __init__(self, cfg: MonitorConfig) -> None:
+        self.cfg = cfg
+        self.intervals = 0
+
+    def check(self, step: int, ranks: RankStats) -> list[StragglerEvent]:
+        self.intervals += 1
+        return [] if self.intervals == 1 else find_stragglers(step, ranks, self.cfg)

@@ -69,7 +69,8 @@ def format_metric(name: str, value: float) -> str:
 def format_epoch(
     epoch: int, epochs: int, values: dict[str, float], seconds: float, shown: Sequence[str]
 ) -> str:
-    """``epoch 3/20  train loss 0.1200 acc 96.1%  val loss 0.1000 acc 97.0%  (4.2s)``."""
+    """``epoch 3/20  train loss 0.1200 acc 96.1%  val loss 0.1000 acc 97.0%  (4.2s)``; metrics
+    not named ``split/name`` follow as they are named."""
     parts = [f"epoch {epoch + 1}/{epochs}"]
     for split in ("train", "val"):
         if f"{split}/loss" not in values:
@@ -80,5 +81,9 @@ def format_epoch(
             if f"{split}/{name}" in values
         ]
         parts.append(f"{split} " + " ".join(shown))
+    # Metrics named by the user rather than split/name (a LightningModule's self.log names).
+    own = [format_metric(name, value) for name, value in sorted(values.items()) if "/" not in name]
+    if own:
+        parts.append(" ".join(own))
     parts.append(f"({seconds:.1f}s)")
     return "  ".join(parts)

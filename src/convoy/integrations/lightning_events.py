@@ -26,13 +26,11 @@ from convoy.distributed import WorkerContext, all_gather_floats, all_reduce_sum,
 from convoy.engine.events import (
     EpochEvent,
     EventBus,
-    MessageEvent,
     RankStats,
     StartEvent,
     StepEvent,
 )
-from convoy.engine.monitor import find_stragglers
-from convoy.engine.progress import format_metric
+from convoy.engine.monitor import StragglerWatch
 
 
 @dataclass
@@ -81,6 +79,7 @@ class ConvoyEvents(Callback):
         make_bus: Callable[[int], EventBus],
     ) -> None:
         self.make_bus = make_bus
+        self.stragglers = StragglerWatch(job.monitor)
         self.bus: EventBus | None = None
         """Built when training starts, once Lightning knows the number of steps."""
         self.pending_messages: list[str] = []
@@ -169,7 +168,7 @@ class ConvoyEvents(Callback):
                 rate=(average, "samples"),
             )
         )
-        for straggler in find_stragglers(step, ranks, self.job.monitor):
+        for straggler in self.stragglers.check(step, ranks):
             self._emit(straggler)
 
     def _rank_interval(self, device: torch.device) -> tuple[RankStats, float]:
@@ -194,7 +193,3 @@ class ConvoyEvents(Callback):
         seconds = time.perf_counter() - self.epoch_start
         epoch, epochs = trainer.current_epoch + 1, int(trainer.max_epochs or 0)
         self._emit(EpochEvent(epoch, epochs, trainer.global_step, metrics, seconds))
-        # The progress sink's epoch line shows the engine's split/name metrics; these are
-        # the module's own names, shown on a line of their own.
-        shown = "  ".join(format_metric(name, value) for name, value in sorted(metrics.items()))
-        self._emit(MessageEvent(f"convoy: epoch {epoch}/{epochs} logged: {shown}"))

@@ -120,11 +120,12 @@ def resolve_run(job: Job) -> Job:
         "storage_dir": storage_dir if is_remote(storage_dir) else str(job.run_dir.parent)
     }
     if job.run.name is None:
-        # A user factory's path names the run by its function: pkg.models:net -> net.
-        model, data = (
-            re.sub(r"[^A-Za-z0-9_]+", "_", name.rpartition(":")[2])
-            for name in (job.model.name, job.data.name)
-        )
+        # A user factory's path names the run by its function: pkg.models:net -> net; a
+        # Lightning run by its module and datamodule classes.
+        named = (job.model.name, job.data.name)
+        if job.lightning.enabled:
+            named = (job.lightning.module or "", job.lightning.datamodule or "module_data")
+        model, data = (re.sub(r"[^A-Za-z0-9_]+", "_", name.rpartition(":")[2]) for name in named)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         updates["name"] = f"{model}-{data}-{job.strategy.name}-{stamp}-{secrets.token_hex(3)}"
     return job.model_copy(update={"run": job.run.model_copy(update=updates)})
