@@ -427,6 +427,8 @@ class MonitorConfig(Section):
     ranks' by more than this fraction is named a straggler."""
     straggler_min_seconds: Annotated[float, Field(ge=0)] = 0.002
     """...and by more than this many seconds, so timer noise on tiny models names nobody."""
+    straggler_patience: Annotated[int, Field(gt=0)] = 2
+    """...in this many logged steps in a row: a rank slowed once (a busy core) is not named."""
     prometheus: bool = True
     """Under Ray: export the per-rank figures as ``ray.util.metrics`` (Prometheus) metrics."""
 

@@ -181,10 +181,14 @@ def test_end_event_reaches_sinks_with_the_summary() -> None:
     assert Ends.summary == {"steps": 3}
 
 
-def test_the_first_logged_interval_is_warm_up_and_names_nobody() -> None:
+def test_a_straggler_is_named_after_warm_up_once_it_persists() -> None:
     from convoy.engine.monitor import StragglerWatch
 
-    watch = StragglerWatch(MonitorConfig())
-    slow = stats([0.010, 0.040])
-    assert watch.check(10, slow) == []  # first batches, thread pools: not a straggler
-    assert [s.rank for s in watch.check(20, slow)] == [1]
+    watch = StragglerWatch(MonitorConfig(straggler_patience=2))
+    slow, even = stats([0.010, 0.040]), stats([0.010, 0.010])
+    assert watch.check(10, slow) == []  # first batches, thread pools: warm-up
+    assert watch.check(20, slow) == []  # once over the margin: a busy core, maybe
+    assert [s.rank for s in watch.check(30, slow)] == [1]  # twice in a row: named
+    assert [s.rank for s in watch.check(40, slow)] == [1]
+    assert watch.check(50, even) == []
+    assert watch.check(60, slow) == []  # the streak starts again

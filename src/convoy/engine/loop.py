@@ -98,9 +98,10 @@ class Timers:
     samples: int = 0
     units: torch.Tensor | float = 0.0
     """What the task counts (samples, real tokens) over all ranks, kept on the device."""
-    interval: list[float] = field(default_factory=lambda: [0.0] * 5)
-    """Since the last logged step: steps, step seconds, data-wait seconds, global samples,
-    forward seconds."""
+    interval: list[float] = field(default_factory=lambda: [0.0] * 4)
+    """Since the last logged step: steps, step seconds, data-wait seconds, global samples."""
+    local_seconds: list[float] = field(default_factory=list)
+    """Since the last logged step: each step's local work (data wait + forward)."""
 
 
 @dataclass
@@ -435,7 +436,7 @@ def _train_epoch(
         if state.heartbeat:
             state.heartbeat.beat(state.step, state.step)
         _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
-        state.timers.interval[4] += forward_seconds
+        state.timers.local_seconds.append(data_ready - step_start + forward_seconds)
         state.timers.units += global_count
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
             _log_step(job, state, epoch, loss_sum, global_count)
@@ -554,14 +555,15 @@ def _log_step(
 
 
 def _rank_interval(state: TrainState) -> tuple[RankStats, float]:
-    """Every rank's mean step time, data wait, local work and peak memory since the last
-    logged step (one small all-gather), and the global samples/s over it."""
-    steps, step_seconds, wait_seconds, samples, forward_seconds = state.timers.interval
-    state.timers.interval = [0.0] * 5
+    """Every rank's mean step time and data wait, median local work and peak memory since
+    the last logged step (one small all-gather), and the global samples/s over it."""
+    steps, step_seconds, wait_seconds, samples = state.timers.interval
+    # The median step's local work: one hiccup (a page fault, a busy core) is not a straggler.
+    local = statistics.median(state.timers.local_seconds or [0.0])
+    state.timers.interval, state.timers.local_seconds = [0.0] * 4, []
     per = max(1.0, steps)
     device = state.strategy.device
     memory = float(peak_memory_bytes(device))
-    local = (wait_seconds + forward_seconds) / per
     gathered = all_gather_floats([step_seconds / per, wait_seconds / per, local, memory], device)
     # The step is synchronous: the slowest rank sets the pace of all.
     rate = samples / max(max(rank[0] for rank in gathered) * steps, 1e-9)

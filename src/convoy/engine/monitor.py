@@ -5,8 +5,10 @@ rank's step time is the same and cannot show which rank holds the others up. Wha
 the work a rank does before it waits on anyone: its data wait and its forward pass (under
 ``single`` and ``ddp``; under ``fsdp``/``fsdp2`` the forward also gathers parameters, so
 there a slow rank's delay spreads to all and only a data-wait straggler stands out).
-Every logged step gathers those figures from each rank; a rank that is slower than the median
-of the other ranks by more than ``monitor.straggler_margin`` (and ``monitor.straggler_min_seconds``) is named.
+Every logged step gathers those figures from each rank (the median step's, so one hiccup
+does not count); a rank slower than the median of the other ranks by more than
+``monitor.straggler_margin`` (and ``monitor.straggler_min_seconds``) at
+``monitor.straggler_patience`` logged steps in a row is named.
 """
 
 from __future__ import annotations
@@ -78,14 +80,21 @@ def find_stragglers(step: int, ranks: RankStats, cfg: MonitorConfig) -> list[Str
 
 
 class StragglerWatch:
-    """``find_stragglers`` at every logged step but the first of a run (or of a restarted
-    attempt), whose interval holds the warm-up: the first batches, thread pools, the
-    allocator. A rank slow to start is not a straggler."""
+    """Names the ranks that ``find_stragglers`` finds at ``monitor.straggler_patience`` logged
+    steps in a row. The first logged step of a run (or of a restarted attempt) is skipped: its
+    interval holds the warm-up (first batches, thread pools, the allocator), and a rank slow
+    to start is not a straggler."""
 
     def __init__(self, cfg: MonitorConfig) -> None:
         self.cfg = cfg
         self.intervals = 0
+        self.streak: dict[int, int] = {}
+        """Logged steps in a row at which each rank was over the margin."""
 
     def check(self, step: int, ranks: RankStats) -> list[StragglerEvent]:
         self.intervals += 1
-        return [] if self.intervals == 1 else find_stragglers(step, ranks, self.cfg)
+        if self.intervals == 1:
+            return []
+        found = find_stragglers(step, ranks, self.cfg)
+        self.streak = {s.rank: self.streak.get(s.rank, 0) + 1 for s in found}
+        return [s for s in found if self.streak[s.rank] >= self.cfg.straggler_patience]
