@@ -253,7 +253,13 @@ class EventBus:
             self.sinks.remove(sink)
             print(
                 f"convoy: the {sink.name} sink is off for the rest of the run "
-                f"({type(exc).__name__}: {exc}); metrics.jsonl keeps every record",
+                f"({type(exc).__name__}: {_first_line(exc)}); metrics.jsonl keeps every record",
                 file=sys.stderr,
                 flush=True,
             )
+
+
+def _first_line(error: BaseException, limit: int = 200) -> str:
+    """An error's first line, cut to ``limit`` characters (HTTP errors carry whole pages)."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else ""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
