@@ -248,7 +248,9 @@ def tune_domains(dims: list[Dim], search: str) -> dict[str, Any]:
     space: dict[str, Any] = {}
     for dim in dims:
         values = list(dim.values)
-        if (dim.kind == "grid" and search != "optuna") or (dim.kind == "choice" and search == "grid"):
+        if (dim.kind == "grid" and search != "optuna") or (
+            dim.kind == "choice" and search == "grid"
+        ):
             space[dim.key] = tune.grid_search(values)
         elif dim.categorical:
             space[dim.key] = tune.choice(values)

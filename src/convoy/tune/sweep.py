@@ -339,7 +339,10 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
     finally:
         if started:
             ray.shutdown()
-    interrupted = any(t.status not in ("TERMINATED", "ERROR") for t in trials)
+    # Tune creates trials lazily (one grid point or draw at a time, within the concurrency
+    # limit), so an interrupted sweep may have fewer trials than planned, all of them ended.
+    unended = any(t.status not in ("TERMINATED", "ERROR") for t in trials)
+    interrupted = unended or len(trials) < sweep.trials
     return SweepOutcome(trials, concurrent, wall, left, interrupted)
 
 
