@@ -49,19 +49,21 @@ def s3():
 def ray_session(s3):
     """One embedded Ray for the whole session; train workers take fractional CPUs."""
     ray = pytest.importorskip("ray")
-    from convoy.launchers.ray import EMBEDDED_RAY_ENV
+    from convoy.launchers.ray import EMBEDDED_RAY_ENV, state_api_pinned
 
     for key, value in EMBEDDED_RAY_ENV.items():
         os.environ.setdefault(key, value)
     if not ray.is_initialized():
         # As the launcher's embedded Ray: the dashboard (state API) on loopback.
-        ray.init(
-            num_cpus=2,
-            include_dashboard=True,
-            dashboard_host="127.0.0.1",
-            logging_config=ray.LoggingConfig(log_level="ERROR"),
-            resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
-        )
+        with state_api_pinned() as dashboard_port:
+            ray.init(
+                num_cpus=2,
+                include_dashboard=True,
+                dashboard_host="127.0.0.1",
+                dashboard_port=dashboard_port,
+                logging_config=ray.LoggingConfig(log_level="ERROR"),
+                resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
+            )
     yield ray
     ray.shutdown()
 

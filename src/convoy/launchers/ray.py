@@ -9,6 +9,7 @@ other launchers work without it.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import logging
@@ -18,6 +19,7 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,7 @@ from typing import Any
 import torch
 
 from convoy.config import Job, job_from_dict
-from convoy.distributed import WorkerContext
+from convoy.distributed import WorkerContext, free_port
 from convoy.errors import ConvoyError, LaunchError, ResourceError
 from convoy.launchers.base import (
     TRAIN,
@@ -174,16 +176,42 @@ def ensure_ray(ray: Any, cluster: RayCluster, resources: dict[str, float] | None
     for key, value in EMBEDDED_RAY_ENV.items():
         os.environ.setdefault(key, value)
     quiet_ray_loggers()
-    ray.init(
-        num_cpus=os.cpu_count(),
-        resources=resources or None,
-        # The dashboard serves the state API, which Ray Train's placement-group cleaner needs
-        # (without it a stopped run's workers leak their CPUs); on loopback only.
-        include_dashboard=True,
-        dashboard_host="127.0.0.1",
-        logging_config=ray.LoggingConfig(log_level="ERROR"),
-    )
+    with state_api_pinned() as dashboard_port:
+        ray.init(
+            num_cpus=os.cpu_count(),
+            resources=resources or None,
+            # The dashboard serves the state API, which Ray Train's placement-group cleaner
+            # needs (without it a stopped run's workers leak their CPUs); on loopback only.
+            include_dashboard=True,
+            dashboard_host="127.0.0.1",
+            dashboard_port=dashboard_port,
+            logging_config=ray.LoggingConfig(log_level="ERROR"),
+        )
     return True
+
+
+@contextlib.contextmanager
+def state_api_pinned() -> Iterator[int]:
+    """Around starting an embedded Ray: a free dashboard port, named in the environment the
+    new Ray's processes inherit as ``RAY_API_SERVER_ADDRESS`` (and only theirs: the variable
+    is restored afterwards, so no process started later points at this Ray by mistake).
+
+    Ray Train's placement-group cleaner finds the state API through that variable, else by
+    looking for Ray on this machine, which fails when another Ray runs here too ("Found
+    multiple active Ray instances"): a stopped run's workers would then keep their CPUs. A
+    variable the user set is kept, and its port used.
+    """
+    given = os.environ.get("RAY_API_SERVER_ADDRESS")
+    if given:
+        tail = given.rstrip("/").rpartition(":")[2]
+        yield int(tail) if tail.isdigit() else free_port()
+        return
+    port = free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    try:
+        yield port
+    finally:
+        os.environ.pop("RAY_API_SERVER_ADDRESS", None)
 
 
 # How long to wait for anything to accept a connection at RAY_ADDRESS before saying so.

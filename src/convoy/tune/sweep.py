@@ -313,8 +313,6 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
 
     ray = import_ray()
     cluster = RayCluster.from_env()
-    if not (ray.is_initialized() or cluster.address):
-        pin_state_api()
     started = ensure_ray(ray, cluster, resources={TRIAL_DRIVER: float(sweep.trials)})
     try:
         prepare_on_cluster(ray, sweep.largest)
@@ -344,27 +342,6 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
     unended = any(t.status not in ("TERMINATED", "ERROR") for t in trials)
     interrupted = unended or len(trials) < sweep.trials
     return SweepOutcome(trials, concurrent, wall, left, interrupted)
-
-
-def pin_state_api(port: int = 8265) -> None:
-    """Point Ray's state API at the embedded Ray's dashboard (its default port, when free).
-
-    Ray Train's placement-group cleaner finds the state API through ``RAY_API_SERVER_ADDRESS``
-    or ``RAY_ADDRESS``, else by looking for Ray on this machine, which fails when another Ray
-    runs here too ("Found multiple active Ray instances"): a stopped trial's workers would
-    then keep their CPUs. The embedded Ray's processes inherit this environment.
-    """
-    import os
-    import socket
-
-    if os.environ.get("RAY_API_SERVER_ADDRESS"):
-        return
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return  # taken: Ray picks another port, and the lookup is left to Ray
-    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
 
 
 def concurrency(ray: Any, sweep: Sweep) -> int:
