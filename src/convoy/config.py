@@ -702,14 +702,25 @@ def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any
     result = _deep_copy(data)
     for text in overrides:
         path, value = parse_override(text)
-        node = result
-        for i, part in enumerate(path[:-1]):
-            child = node.setdefault(part, {})
-            if not isinstance(child, dict):
-                raise ConfigError(".".join(path[: i + 1]), child, "it is a value, not a section")
-            node = child
-        node[path[-1]] = value
+        _set_in_place(result, path, value)
     return result
+
+
+def set_field(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
+    """A copy of the recipe dict ``data`` with the dotted field ``key`` set to ``value``."""
+    result = _deep_copy(data)
+    _set_in_place(result, key.split("."), value)
+    return result
+
+
+def _set_in_place(data: dict[str, Any], path: list[str], value: Any) -> None:
+    node = data
+    for i, part in enumerate(path[:-1]):
+        child = node.setdefault(part, {})
+        if not isinstance(child, dict):
+            raise ConfigError(".".join(path[: i + 1]), child, "it is a value, not a section")
+        node = child
+    node[path[-1]] = value
 
 
 def _deep_copy(data: dict[str, Any]) -> dict[str, Any]:

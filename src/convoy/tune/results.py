@@ -13,9 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from convoy.config import job_to_yaml
+from convoy.config import job_to_yaml, set_field
 from convoy.outputs import METRICS_FILE, SUMMARY_FILE
-from convoy.tune.space import job_with, set_field
+from convoy.tune.space import job_with
 from convoy.tune.sweep import Sweep, SweepOutcome
 
 BEST_FILE = "best.yaml"

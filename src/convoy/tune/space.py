@@ -23,7 +23,7 @@ from typing import Any
 
 import yaml
 
-from convoy.config import Job, job_from_dict, read_yaml
+from convoy.config import Job, job_from_dict, read_yaml, set_field
 from convoy.errors import ConfigError, ConvoyError, one_of
 
 KINDS = ("choice", "grid", "uniform", "loguniform", "randint")
@@ -136,24 +136,6 @@ def _bounds(key: str, kind: str, values: tuple[Any, ...], source: str) -> tuple[
     if kind == "randint":
         return (low, high)
     return (float(low), float(high))
-
-
-def set_field(data: dict[str, Any], key: str, value: Any) -> dict[str, Any]:
-    """A copy of the recipe dict ``data`` with the dotted field ``key`` set to ``value``."""
-    result = _copy(data)
-    node = result
-    path = key.split(".")
-    for i, part in enumerate(path[:-1]):
-        child = node.setdefault(part, {})
-        if not isinstance(child, dict):
-            raise ConfigError(".".join(path[: i + 1]), child, "it is a value, not a section")
-        node = child
-    node[path[-1]] = value
-    return result
-
-
-def _copy(data: dict[str, Any]) -> dict[str, Any]:
-    return {k: _copy(v) if isinstance(v, dict) else v for k, v in data.items()}
 
 
 def job_with(base: dict[str, Any], values: dict[str, Any]) -> Job:

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convoy.config import Job, apply_overrides, load_job, read_yaml
+from convoy.config import Job, apply_overrides, load_job, read_yaml, set_field
 from convoy.errors import ConfigError, ConvoyError, ResourceError, one_of
 from convoy.storage import is_remote
 from convoy.tune.space import (
@@ -31,7 +31,6 @@ from convoy.tune.space import (
     check_space,
     job_with,
     load_space,
-    set_field,
     trial_count,
     tune_domains,
 )
