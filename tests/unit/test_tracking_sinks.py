@@ -191,6 +191,25 @@ def test_mlflow_records_params_metrics_tags_and_artifacts(tmp_path: Path) -> Non
     assert {a.path for a in client.list_artifacts(run_id)} == {"config.yaml", "summary.json"}
 
 
+def test_test_metrics_reach_both_sinks_whatever_they_are_named(tmp_path: Path) -> None:
+    """A LightningModule names its test metrics as it logged them (``test_acc``), not
+    ``test/acc``; both sinks record them, and only them, at the final step."""
+    job = tracking_job(tmp_path, "tracking.mlflow.enabled=true")
+    events: list[Event] = [
+        StartEvent(job.model_dump(mode="json"), job.run_uri, WORLD, 4, "header"),
+        EvalEvent("test", 4, 2, {"test_loss": 1.35, "test_acc": 0.836}),
+        EndEvent({"steps": 4, "metrics": {"test_acc": 0.836}}),
+    ]
+    feed(tensorboard_sink.build(job, WorkerContext()), events)
+    acc = accumulator(job.run_dir / "tensorboard")
+    assert scalars(acc, "test_acc") == [(4, 0.836)]
+    assert scalars(acc, "test_loss") == [(4, 1.35)]
+    feed(mlflow_sink.build(job, WorkerContext(world_size=WORLD)), events)
+    client, run = mlflow_run(job)
+    assert history(client, run.info.run_id, "test_acc") == [(4, 0.836)]
+    assert set(run.data.metrics) == {"test_loss", "test_acc"}
+
+
 def test_mlflow_second_attempt_continues_the_same_run(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -2,8 +2,8 @@
 
 Each tag means one thing: the loss and learning rate of a logged step are ``step/loss`` and
 ``step/lr``; an epoch's metrics keep their ``metrics.jsonl`` names (``train/loss``,
-``val/acc``...) plus ``epoch``; the test metrics are the ``test/`` ones of the final
-evaluation. Per-rank figures are ``ranks/<figure>/rank<N>``. Every value is plotted against the
+``val/acc``...) plus ``epoch``; the test metrics are those of the final evaluation under
+the names it gives them (the engine's ``test/loss``, a LightningModule's ``test_acc``...). Per-rank figures are ``ranks/<figure>/rank<N>``. Every value is plotted against the
 optimizer step.
 """
 
@@ -36,11 +36,16 @@ def epoch_scalars(event: EpochEvent) -> dict[str, float]:
     return _numbers({**event.metrics, "epoch": event.epoch, "time/epoch_seconds": event.seconds})
 
 
+REPEATED_SPLITS = ("train/", "val/")
+"""Prefixes of the engine's final-evaluation figures that repeat the last epoch's record."""
+
+
 def eval_scalars(event: EvalEvent) -> dict[str, float]:
-    """The final evaluation's ``test/`` metrics (its train/val figures are the last epoch's)."""
+    """The final evaluation's test metrics, whatever they are named; the engine's ``train/``
+    and ``val/`` figures in it are the last epoch's, already recorded at that step."""
     if event.split != "test":
         return {}
-    return _numbers({k: v for k, v in event.metrics.items() if k.startswith("test/")})
+    return _numbers({k: v for k, v in event.metrics.items() if not k.startswith(REPEATED_SPLITS)})
 
 
 def straggler_scalars(event: StragglerEvent) -> dict[str, float]:
