@@ -129,6 +129,49 @@ def test_trainer_kwargs_convoy_sets_or_trainer_lacks(tmp_path: Path) -> None:
     preflight(job(tmp_path, "lightning.trainer_kwargs.gradient_clip_val=1.0"))
 
 
+EARLY_STOPPING = "'lightning.pytorch.callbacks:EarlyStopping'"
+
+
+def test_callbacks_and_loggers_come_as_class_specs(tmp_path: Path) -> None:
+    from convoy.integrations.lightning import user_extensions
+    from convoy.integrations.lightning_checks import class_specs
+
+    callbacks = (
+        f"lightning.trainer_kwargs.callbacks=[{{class: {EARLY_STOPPING}, "
+        "kwargs: {monitor: val_loss, patience: 2}}, "
+        "'lightning.pytorch.callbacks:LearningRateMonitor']"
+    )
+    logger = "lightning.trainer_kwargs.logger={class: 'lightning.pytorch.loggers:CSVLogger'}"
+    checked = preflight(job(tmp_path, callbacks, logger))
+    kwargs = checked.lightning.trainer_kwargs
+    assert [(s.path, s.kwargs) for s in class_specs("callbacks", kwargs["callbacks"])] == [
+        ("lightning.pytorch.callbacks:EarlyStopping", {"monitor": "val_loss", "patience": 2}),
+        ("lightning.pytorch.callbacks:LearningRateMonitor", {}),
+    ]
+    early, monitor = user_extensions("callbacks", kwargs["callbacks"], tmp_path)
+    assert (type(early).__name__, early.monitor, early.patience) == ("EarlyStopping", "val_loss", 2)
+    assert type(monitor).__name__ == "LearningRateMonitor"
+    (csv_logger,) = user_extensions("logger", kwargs["logger"], tmp_path)
+    assert csv_logger.save_dir == str(tmp_path)  # a logger given no save_dir: the run dir
+
+
+def test_callback_and_logger_specs_that_are_refused(tmp_path: Path) -> None:
+    key = "lightning.trainer_kwargs.callbacks"
+    error = refusal(tmp_path, f"{key}=[{{class: {EARLY_STOPPING}, kwargs: {{patience: 1}}}}, 3]")
+    assert error.field == f"{key}[1]" and "expected 'package.module:Class'" in str(error)
+    error = refusal(tmp_path, f"{key}=[{{klass: {EARLY_STOPPING}}}]")
+    assert error.field == f"{key}[0]"
+    error = refusal(tmp_path, f"{key}=['examples.no_such_file:Stop']")
+    assert "could not import examples.no_such_file" in str(error)
+    error = refusal(tmp_path, f"{key}=['{MODULE}']")
+    assert "is not a lightning.Callback" in str(error)
+    error = refusal(tmp_path, f"{key}=[{{class: {EARLY_STOPPING}, kwargs: {{patiense: 1}}}}]")
+    assert error.field == f"{key}[0].kwargs" and "patiense" in str(error)
+    error = refusal(tmp_path, f"lightning.trainer_kwargs.logger=[{EARLY_STOPPING}]")
+    assert error.field == "lightning.trainer_kwargs.logger[0]"
+    assert "is not a lightning.Logger" in str(error)
+
+
 def test_constructor_kwargs_are_bound_in_the_driver(tmp_path: Path) -> None:
     error = refusal(tmp_path, "lightning.module_kwargs.hiden=32")
     assert error.field == "lightning.module_kwargs"

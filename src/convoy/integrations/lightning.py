@@ -39,6 +39,7 @@ from convoy.engine.events import EndEvent, EvalEvent
 from convoy.engine.sinks import build_sinks
 from convoy.errors import ConfigError
 from convoy.imports import describe, import_attribute
+from convoy.integrations.lightning_checks import EXTENSION_KWARGS
 from convoy.outputs import RunOutputs
 from convoy.storage import RunStorage
 
@@ -134,10 +135,14 @@ def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
 
     layout = build_layout(job, ctx)
     run_dir = Path(job.run_uri)
+    user = job.lightning.trainer_kwargs
     callbacks = [events, *_checkpoint_callbacks(job, run_dir)]
+    callbacks += user_extensions("callbacks", user.get("callbacks", []), run_dir)
+    loggers = [CSVLogger(str(run_dir), name=LOGS_DIR)]
+    loggers += user_extensions("logger", user.get("logger", []), run_dir)
     options: dict[str, Any] = {
         "enable_progress_bar": False,  # Convoy's progress sink prints rank 0's progress
-        **job.lightning.trainer_kwargs,
+        **{k: v for k, v in user.items() if k not in EXTENSION_KWARGS},
     }
     trainer = lightning.Trainer(
         accelerator="gpu" if job.scaling.use_gpu else "cpu",
@@ -150,7 +155,7 @@ def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
         max_steps=job.run.max_steps or -1,
         log_every_n_steps=job.run.log_every_steps,
         check_val_every_n_epoch=job.run.eval_every_epochs,
-        logger=CSVLogger(str(run_dir), name=LOGS_DIR),
+        logger=loggers,
         callbacks=callbacks,
         default_root_dir=str(run_dir),
         enable_checkpointing=job.checkpoint.enabled,
@@ -161,6 +166,23 @@ def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
 
         trainer = prepare_trainer(trainer)  # validates the Ray strategy and environment
     return trainer
+
+
+def user_extensions(key: str, value: Any, run_dir: Path) -> list[Any]:
+    """The user's ``trainer_kwargs.callbacks`` / ``logger`` entries, constructed (preflight
+    checked them). A logger that takes ``save_dir`` and is given none writes into the run
+    directory."""
+    from convoy.integrations.lightning_checks import class_specs, extension_kwargs
+
+    built = []
+    for spec in class_specs(key, value):
+        cls = import_attribute(spec.field, spec.path, "expected package.module:Class")
+        kwargs = extension_kwargs(key, cls, spec.kwargs, str(run_dir))
+        try:
+            built.append(cls(**kwargs))
+        except Exception as exc:  # the user's constructor: one line, not a traceback
+            raise ConfigError(f"{spec.field}.kwargs", kwargs, describe(exc)) from None
+    return built
 
 
 def _checkpoint_callbacks(job: Job, run_dir: Path) -> list[Any]:

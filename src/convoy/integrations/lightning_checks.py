@@ -3,14 +3,16 @@
 Each failure is one ``ConfigError`` naming the field, before any worker starts: Lightning
 missing (with the extra to install), a class path that does not import or is not a
 ``LightningModule`` / ``LightningDataModule``, a module with no data, a strategy or option
-Lightning cannot run here, and ``trainer_kwargs`` that Convoy sets itself or Lightning's
-``Trainer`` does not take.
+Lightning cannot run here, ``trainer_kwargs`` that Convoy sets itself or Lightning's
+``Trainer`` does not take, and ``callbacks`` / ``logger`` entries that do not import, are not
+a Lightning ``Callback`` / ``Logger`` or do not take their kwargs.
 """
 
 from __future__ import annotations
 
 import difflib
 import inspect
+from dataclasses import dataclass
 from typing import Any
 
 from convoy.config import Job
@@ -31,12 +33,71 @@ OWNED_TRAINER_KWARGS = {
     "max_steps": "run.max_steps",
     "log_every_n_steps": "run.log_every_steps",
     "check_val_every_n_epoch": "run.eval_every_epochs",
-    "logger": "the run directory (a CSVLogger under <run>/lightning_logs)",
-    "callbacks": "Convoy's event and checkpoint callbacks",
     "default_root_dir": "run.storage_dir and run.name",
     "enable_checkpointing": "checkpoint.every_epochs / checkpoint.every_steps",
 }
 """Trainer arguments Convoy derives from the recipe, and the field that sets each."""
+
+EXTENSION_KWARGS = ("callbacks", "logger")
+"""Trainer arguments that take objects: given as class specs, added after Convoy's own."""
+SPEC_FORM = "expected 'package.module:Class' or {class: 'package.module:Class', kwargs: {...}}"
+
+
+@dataclass(frozen=True)
+class ClassSpec:
+    """One ``callbacks`` / ``logger`` entry of ``trainer_kwargs``: a class and its kwargs."""
+
+    field: str
+    path: str
+    kwargs: dict[str, Any]
+
+
+def class_specs(key: str, value: Any) -> list[ClassSpec]:
+    """``trainer_kwargs[key]`` (one entry or a list) as specs; a ConfigError per malformed
+    entry. An entry is an import path or ``{class: path, kwargs: {...}}``."""
+    items = value if isinstance(value, list) else [value]
+    specs = []
+    for index, item in enumerate(items):
+        field = f"lightning.trainer_kwargs.{key}[{index}]"
+        if isinstance(item, str):
+            specs.append(ClassSpec(field, item, {}))
+            continue
+        path = item.get("class") if isinstance(item, dict) else None
+        kwargs = item.get("kwargs", {}) if isinstance(item, dict) else None
+        if (
+            not isinstance(path, str)
+            or not isinstance(kwargs, dict)
+            or not set(item) <= {"class", "kwargs"}
+        ):
+            raise ConfigError(field, item, SPEC_FORM)
+        specs.append(ClassSpec(field, path, kwargs))
+    return specs
+
+
+def extension_base(key: str) -> type:
+    """The Lightning class every ``callbacks`` / ``logger`` entry must subclass."""
+    from lightning.pytorch import Callback
+    from lightning.pytorch.loggers import Logger
+
+    return Callback if key == "callbacks" else Logger
+
+
+def extension_kwargs(key: str, cls: type, kwargs: dict[str, Any], run_dir: str) -> dict[str, Any]:
+    """``kwargs`` for a ``callbacks`` / ``logger`` class: a logger that takes ``save_dir``
+    and is given none writes into the run directory."""
+    if key == "logger" and "save_dir" in inspect.signature(cls).parameters:
+        return {"save_dir": run_dir, **kwargs}
+    return dict(kwargs)
+
+
+def check_extensions(kwargs: dict[str, Any], run_dir: str) -> None:
+    """Each ``callbacks`` / ``logger`` entry imports, is a Lightning ``Callback`` /
+    ``Logger``, and its constructor takes its kwargs."""
+    for key in EXTENSION_KWARGS:
+        for spec in class_specs(key, kwargs.get(key, [])):
+            cls = load_class(spec.field, spec.path, extension_base(key))
+            given = extension_kwargs(key, cls, spec.kwargs, run_dir)
+            check_kwargs(spec.field + ".kwargs", cls, given)
 
 
 def import_lightning() -> Any:
@@ -70,6 +131,7 @@ def check_lightning(job: Job) -> None:
             "set lightning.datamodule to package.module:Class",
         )
     check_trainer_kwargs(cfg.trainer_kwargs, lightning.Trainer)
+    check_extensions(cfg.trainer_kwargs, job.run_uri)
     check_strategy(job)
     check_run_layout(job)
 
