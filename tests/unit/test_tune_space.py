@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from convoy.tune.results import TrialRow, footer, trial_status
 from convoy.tune.space import (
     SpaceError,
     check_search,
@@ -14,6 +19,7 @@ from convoy.tune.space import (
     parse_space,
     trial_count,
 )
+from convoy.tune.sweep import Sweep, SweepError, plan_sweep, record_changes, sigterm_as_sigint
 
 RECIPE = {"model": {"name": "mlp"}, "strategy": {"name": "ddp"}, "scaling": {"num_workers": 2}}
 
@@ -38,7 +44,10 @@ def test_parses_every_kind() -> None:
 @pytest.mark.parametrize(
     ("space", "expected"),
     [
-        ({"optim.lrr": {"uniform": [0.1, 0.2]}}, "did you mean 'lr'"),
+        (
+            {"optim.lrr": {"uniform": [0.1, 0.2]}},
+            "optim.lrr: unknown field (did you mean 'optim.lr'?)",
+        ),
         ({"optim.lr": {"loguniform": [-1.0, 0.1]}}, "loguniform needs low > 0"),
         ({"optim.lr": {"uniform": [0.0, 0.1]}}, "optim.lr: got 0.0; input should be greater"),
         ({"optim.lr": {"sobol": [0.1, 0.2]}}, "unknown kind 'sobol'"),
@@ -98,3 +107,75 @@ def test_search_kinds_and_trial_counts() -> None:
         {"strategy.name": {"choice": ["ddp", "fsdp2"]}, "data.batch_size": {"grid": [32, 64]}}
     )
     assert trial_count(categorical, "grid", 1) == 4
+
+
+LIGHTNING_RECIPE = str(Path(__file__).resolve().parents[2] / "recipes" / "lightning_digits.yaml")
+
+
+def lightning_sweep(tmp_path: Path, **options: Any) -> Sweep:
+    space = tmp_path / "space.yaml"
+    space.write_text("lightning.module_kwargs.lr: {loguniform: [1.0e-3, 1.0e-2]}\n")
+    overrides = [f"run.storage_dir={tmp_path / 'runs'}", "run.epochs=2"]
+    return plan_sweep(LIGHTNING_RECIPE, overrides, str(space), name="s", **options)
+
+
+def test_lightning_recipe_needs_metric_and_mode(tmp_path: Path) -> None:
+    with pytest.raises(SweepError) as error:
+        lightning_sweep(tmp_path, metric="val_loss")
+    assert str(error.value).startswith("--mode: required for a Lightning recipe")
+    assert "--metric val_loss --mode min" in str(error.value)
+    sweep = lightning_sweep(tmp_path, metric="val_acc", mode="max")
+    # The module's own self.log names, taken as given (no task metric check).
+    assert (sweep.metric, sweep.mode, sweep.lightning) == ("val_acc", "max", True)
+
+
+def test_ignored_options_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(SweepError, match=r"-o run\.name=foo: a sweep does not take run\.name"):
+        plan_sweep(None, ["run.name=foo"], str(tmp_path / "space.yaml"))
+    with pytest.raises(SweepError, match="--retry-errored: only with --resume"):
+        plan_sweep(None, [], str(tmp_path / "space.yaml"), retry_errored=True)
+
+
+def test_resume_names_the_changed_fields() -> None:
+    saved = {"recipe": {"run": {"epochs": 2, "seed": 0}}, "space": {"optim.lr": {}}, "samples": 2}
+    now = {"recipe": {"run": {"epochs": 3, "seed": 0}}, "space": {"optim.lr": {}}, "samples": 4}
+    assert record_changes(saved, now) == [
+        "run.epochs: the sweep has 2, this command 3",
+        "--samples: the sweep has 2, this command 4",
+    ]
+    assert record_changes(saved, saved) == []
+
+
+@pytest.mark.parametrize(
+    ("tune_status", "summary", "asha", "analysis", "expected"),
+    [
+        ("TERMINATED", False, True, {"epoch": {}}, "stopped"),
+        ("TERMINATED", False, False, {"epoch": {}}, "interrupted"),
+        ("RUNNING", False, False, {}, "interrupted"),
+        ("PENDING", False, False, {}, "not started"),
+        ("TERMINATED", True, False, {"epoch": {}}, "finished"),
+        ("ERROR", False, False, {}, "error"),
+    ],
+)
+def test_trial_status(
+    tune_status: str, summary: bool, asha: bool, analysis: dict, expected: str
+) -> None:
+    assert trial_status(tune_status, summary, asha, analysis) == expected
+
+
+def test_footer_counts_interruptions_and_no_scheduler_clause(tmp_path: Path) -> None:
+    sweep = lightning_sweep(tmp_path, metric="val_loss", mode="min", samples=4, scheduler="none")
+    rows = [
+        TrialRow("a", {}, 0.5, 2, "finished", {}, tmp_path),
+        TrialRow("b", {}, None, 0, "interrupted", {}, tmp_path),
+        TrialRow("c", {}, None, 0, "not started", {}, tmp_path),
+    ]
+    line = footer(sweep, rows, 12.0, 2)
+    assert line == "2 trial(s) in 12 s, 2 at once; 1 interrupted; 2 of 4 not started"
+
+
+def test_sigterm_stops_the_sweep_as_ctrl_c() -> None:
+    with pytest.raises(KeyboardInterrupt), sigterm_as_sigint():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the signal arrives first; never reached
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL

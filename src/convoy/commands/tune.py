@@ -108,6 +108,7 @@ def run(args: argparse.Namespace) -> int:
     from convoy.tune.results import (
         best_row,
         collect_rows,
+        footer,
         format_table,
         write_best,
         write_results,
@@ -129,17 +130,14 @@ def run(args: argparse.Namespace) -> int:
         grace_epochs=args.grace_epochs,
         reduction_factor=args.reduction_factor,
         resume=args.resume,
+        retry_errored=args.retry_errored,
     )
     outcome = run_sweep(sweep, resume=args.resume, retry_errored=args.retry_errored)
     rows = collect_rows(sweep, outcome.trials)
     print()
     print(format_table(sweep, rows))
-    stopped = sum(row.stopped_early for row in rows)
-    print(
-        f"\n{len(rows)} trial(s) in {outcome.wall_seconds:.0f} s, {outcome.concurrent} at once; "
-        f"{stopped} stopped early by {sweep.scheduler}; placement groups left: "
-        f"{outcome.placement_groups_left}"
-    )
+    shown = footer(sweep, rows, outcome.wall_seconds, outcome.concurrent)
+    print(f"\n{shown}; placement groups left: {outcome.placement_groups_left}")
     best = best_row(rows)
     if best is not None:
         print(
@@ -147,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"results: {write_results(sweep, outcome, rows)}")
     print(write_sweep_report(sweep, rows))
+    if sweep.base.tracking.tensorboard:
+        where = f"tensorboard --logdir {sweep.sweep_dir} (each trial's run dir has its own)"
+        print(f"tensorboard: {where}")
     if outcome.interrupted:
         again = ["convoy", "tune", *sys.argv[2:]] if sys.argv[1:2] == ["tune"] else None
         hint = shlex.join(again) if again else f"convoy tune ... --name {sweep.name}"

@@ -34,7 +34,8 @@ class TrialRow:
     metric: float | None
     epochs: int
     status: str
-    """finished, stopped (by the scheduler), error, or unfinished (an interrupted sweep)."""
+    """finished, stopped (by ASHA), error, interrupted (started, ended by an interruption),
+    or not started."""
     test: dict[str, float]
     run_dir: Path
     error: str | None = None
@@ -46,7 +47,9 @@ class TrialRow:
 
 def collect_rows(sweep: Sweep, trials: list[Any]) -> list[TrialRow]:
     """The trials' rows, best first by the sweep's metric (trials without it last)."""
-    rows = [_row(sweep, trial) for trial in trials]
+    stops = sweep.asha_stops
+    stopped = set(stops.read_text().split()) if stops.is_file() else set()
+    rows = [_row(sweep, trial, stopped) for trial in trials]
     sign = 1.0 if sweep.mode == "min" else -1.0
 
     def order(row: TrialRow) -> tuple[int, float]:
@@ -57,21 +60,14 @@ def collect_rows(sweep: Sweep, trials: list[Any]) -> list[TrialRow]:
     return sorted(rows, key=order)
 
 
-def _row(sweep: Sweep, trial: Any) -> TrialRow:
+def _row(sweep: Sweep, trial: Any, stopped: set[str]) -> TrialRow:
     run_dir = sweep.sweep_dir / trial.trial_id
     analysis = trial.metric_analysis or {}
     last = analysis.get(sweep.metric, {}).get("last")
     epochs = int(analysis.get("epoch", {}).get("max", 0) or 0)
     summary_file = run_dir / SUMMARY_FILE
     summary = json.loads(summary_file.read_text()) if summary_file.is_file() else None
-    if trial.status == "ERROR":
-        status = "error"
-    elif summary is not None:
-        status = "finished"
-    elif trial.status == "TERMINATED":
-        status = "stopped"
-    else:
-        status = "unfinished"
+    status = trial_status(trial.status, summary is not None, trial.trial_id in stopped, analysis)
     metrics = (summary or {}).get("metrics", {})
     test = {
         k: float(v)
@@ -90,6 +86,40 @@ def _row(sweep: Sweep, trial: Any) -> TrialRow:
         run_dir=run_dir,
         error=_error_line(trial) if status == "error" else None,
     )
+
+
+def trial_status(tune_status: str, summary: bool, asha_stopped: bool, analysis: dict) -> str:
+    """A trial's status for the table, from Tune's and the run's records.
+
+    Only a trial ASHA recorded stopping is "stopped": one that Ctrl+C or SIGTERM ended is
+    "interrupted" (Tune marks both TERMINATED), and one that never reported is "not started".
+    """
+    if tune_status == "ERROR":
+        return "error"
+    if summary:
+        return "finished"
+    if asha_stopped:
+        return "stopped"
+    if tune_status == "PENDING" and not analysis:
+        return "not started"
+    return "interrupted"
+
+
+def footer(sweep: Sweep, rows: list[TrialRow], wall_seconds: float, concurrent: int) -> str:
+    """The line under the table: trials run, how they ended, and what did not start."""
+    counts = {s: sum(row.status == s for row in rows) for s in ("interrupted", "not started")}
+    # Tune creates trials lazily: an interrupted sweep may not have created them all.
+    unstarted = counts["not started"] + max(0, sweep.trials - len(rows))
+    parts = [
+        f"{len(rows) - counts['not started']} trial(s) in {wall_seconds:.0f} s, {concurrent} at once"
+    ]
+    if sweep.scheduler != "none":
+        parts.append(f"{sum(row.stopped_early for row in rows)} stopped early by {sweep.scheduler}")
+    if counts["interrupted"]:
+        parts.append(f"{counts['interrupted']} interrupted")
+    if unstarted:
+        parts.append(f"{unstarted} of {sweep.trials} not started")
+    return "; ".join(parts)
 
 
 def _error_line(trial: Any) -> str:

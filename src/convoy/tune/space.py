@@ -187,11 +187,22 @@ def _explain(
             continue
         same = [out for other, out in outcomes if _same(other[dim.key], value)]
         if all(isinstance(out, ConfigError) for out in same):
+            if error.field == dim.key and error.allowed.startswith("unknown key"):
+                return SpaceError(f"{source}: {_unknown_field(error)}")
             return SpaceError(f"{source}: {dim.describe()}: {error}")
     if len(dims) == 1:
         return SpaceError(f"{source}: {dims[0].describe()}: {error}")
     shown = ", ".join(f"{k}={v!r}" for k, v in combo.items())
     return SpaceError(f"{source}: the combination {shown} is not a valid config: {error}")
+
+
+def _unknown_field(error: ConfigError) -> str:
+    """``optim.lrr: unknown field (did you mean 'optim.lr'?)``: the space names a field that no
+    recipe has (whatever value it would take), the suggestion dotted in full."""
+    parent = error.field.rpartition(".")[0]
+    guess = re.search(r"did you mean '([^']+)'", error.allowed)
+    hint = f" (did you mean {'.'.join(filter(None, (parent, guess[1])))!r}?)" if guess else ""
+    return f"{error.field}: unknown field{hint}"
 
 
 def _same(a: Any, b: Any) -> bool:

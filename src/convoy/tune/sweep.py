@@ -17,7 +17,12 @@ CPU, so drivers never take the CPUs their own train workers wait for. ASHA's tim
 from __future__ import annotations
 
 import json
+import os
+import signal
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,8 @@ PLAN_FILE = "sweep.json"
 """What the sweep was started with; ``--resume`` refuses a changed recipe or space."""
 SCHEDULERS = ("asha", "none")
 DEFAULT_SAMPLES = 8
+ASHA_STOPS_FILE = "asha_stops.txt"
+"""The trials ASHA stopped, one id a line (told apart from trials an interruption ended)."""
 PLACEMENT_GROUP_SETTLE_S = 30.0
 """Ray Train's cleaner removes a stopped trial's worker group within seconds; wait this long."""
 
@@ -80,6 +87,15 @@ class Sweep:
     @property
     def tune_dir(self) -> Path:
         return self.sweep_dir / TUNE_DIR
+
+    @property
+    def lightning(self) -> bool:
+        """Trials train the recipe's LightningModule (metrics are the names it logs)."""
+        return self.base.lightning.enabled
+
+    @property
+    def asha_stops(self) -> Path:
+        return self.sweep_dir / ASHA_STOPS_FILE
 
     def record(self) -> dict[str, Any]:
         """What a resumed sweep must share with the one it continues."""
@@ -121,8 +137,10 @@ def plan_sweep(
     grace_epochs: int = 1,
     reduction_factor: float = 2.0,
     resume: bool = False,
+    retry_errored: bool = False,
 ) -> Sweep:
     """Check the recipe, the space and the options; nothing starts. Raises ``ConvoyError``."""
+    check_options(overrides, resume, retry_errored)
     job = load_job(recipe, overrides)
     if is_remote(job.run.storage_dir):
         raise ConfigError(
@@ -147,7 +165,10 @@ def plan_sweep(
     data.get("run", {}).pop("name", None)
     jobs = check_space(data, dims, space)
     base = job_with(data, {})
-    metric, mode = check_metric(base, metric or job.checkpoint.best_metric, mode)
+    if base.lightning.enabled:
+        metric, mode = check_lightning_metric(metric, mode)
+    else:
+        metric, mode = check_metric(base, metric or job.checkpoint.best_metric, mode)
     sweep = Sweep(
         name=name,
         sweep_dir=sweep_dir,
@@ -168,6 +189,41 @@ def plan_sweep(
     )
     check_resume(sweep, resume)
     return sweep
+
+
+def check_options(overrides: list[str], resume: bool, retry_errored: bool) -> None:
+    """Options a sweep would otherwise ignore: ``-o run.name`` and a lone ``--retry-errored``."""
+    for override in overrides:
+        if override.partition("=")[0].strip() == "run.name":
+            raise SweepError(
+                f"-o {override}: a sweep does not take run.name; name the sweep with --name "
+                "(each trial's run is named after its trial id)"
+            )
+    if retry_errored and not resume:
+        raise SweepError(
+            "--retry-errored: only with --resume (it re-runs the failed trials of the sweep "
+            "--name SWEEP)"
+        )
+
+
+def check_lightning_metric(metric: str | None, mode: str | None) -> tuple[str, str]:
+    """A Lightning recipe's metrics are the names its module logs (``self.log``), which Convoy
+    cannot know before the trials run: ``--metric`` and ``--mode`` must be given."""
+    if metric is None or mode is None:
+        missing = " and ".join(
+            flag for flag, value in (("--metric", metric), ("--mode", mode)) if value is None
+        )
+        raise SweepError(
+            f"{missing}: required for a Lightning recipe (its metrics are the names the module "
+            "logs with self.log each epoch), e.g. --metric val_loss --mode min"
+        )
+    return metric, _check_mode(mode)
+
+
+def _check_mode(mode: str) -> str:
+    if mode not in ("min", "max"):
+        raise SweepError(f"--mode: got {mode!r}; {one_of(('min', 'max'))}")
+    return mode
 
 
 def _check_counts(
@@ -236,8 +292,8 @@ def check_metric(job: Job, metric: str, mode: str | None) -> tuple[str, str]:
     """
     from convoy.preflight import preflight
 
-    if mode is not None and mode not in ("min", "max"):
-        raise SweepError(f"--mode: got {mode!r}; {one_of(('min', 'max'))}")
+    if mode is not None:
+        _check_mode(mode)
     same = metric == job.checkpoint.best_metric
     checkpoint = job.checkpoint.model_copy(
         update={"best_metric": metric, "best_mode": job.checkpoint.best_mode if same else "auto"}
@@ -251,7 +307,14 @@ def check_metric(job: Job, metric: str, mode: str | None) -> tuple[str, str]:
             f"--metric: got {metric!r}; ASHA and the ranking need a metric every epoch "
             f"reports: {exc.allowed}"
         ) from None
-    return metric, mode or checked.checkpoint.best_mode
+    resolved = mode or checked.checkpoint.best_mode
+    if resolved not in ("min", "max"):
+        # Tune takes only min or max; never start a sweep that it would refuse.
+        raise SweepError(
+            f"--mode: Convoy cannot tell which way is better for {metric!r}; add --mode min "
+            "or --mode max"
+        )
+    return metric, resolved
 
 
 def check_resume(sweep: Sweep, resume: bool) -> None:
@@ -271,13 +334,55 @@ def check_resume(sweep: Sweep, resume: bool) -> None:
             f"state in {TUNE_DIR}/); check --name and run.storage_dir"
         )
     saved = json.loads(plan.read_text())
-    changed = [key for key, value in sweep.record().items() if saved.get(key) != _json(value)]
+    changed = record_changes(saved, _json(sweep.record()))
     if changed:
         raise SweepError(
-            f"--resume: the sweep {sweep.name!r} was started with another {changed[0]} "
-            f"({_json(saved.get(changed[0]))}); resume it with the same recipe, overrides, "
-            "space and options"
+            f"--resume: the sweep {sweep.name!r} was started otherwise: {'; '.join(changed)}; "
+            "resume it with the same recipe, overrides, space and options"
         )
+
+
+def record_changes(saved: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """What differs between two ``Sweep.record()``s, one ``FIELD: the sweep has A, this
+    command B`` each: recipe fields dotted, space fields as ``space FIELD``, options as flags."""
+    lines: list[str] = []
+    for key in sorted(set(saved) | set(now)):
+        if key == "recipe":
+            diffs = _dict_changes(saved.get(key) or {}, now.get(key) or {}, "")
+        elif key == "space":
+            diffs = _dict_changes(saved.get(key) or {}, now.get(key) or {}, "space ", depth=1)
+        elif saved.get(key) != now.get(key):
+            diffs = [(f"--{key.replace('_', '-')}", saved.get(key), now.get(key))]
+        else:
+            diffs = []
+        lines += [
+            f"{name}: the sweep has {_shown(a)}, this command {_shown(b)}" for name, a, b in diffs
+        ]
+    return lines
+
+
+_MISSING = object()
+
+
+def _dict_changes(
+    a: dict[str, Any], b: dict[str, Any], prefix: str, depth: int | None = None
+) -> list[tuple[str, Any, Any]]:
+    """Dotted fields whose values differ between ``a`` and ``b`` (nested mappings walked,
+    ``depth`` levels at most)."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in sorted(set(a) | set(b), key=str):
+        x, y = a.get(key, _MISSING), b.get(key, _MISSING)
+        name = f"{prefix}{key}"
+        if isinstance(x, dict) and isinstance(y, dict) and depth != 0:
+            deeper = None if depth is None else depth - 1
+            out += _dict_changes(x, y, name + ".", deeper)
+        elif x != y:
+            out.append((name, x, y))
+    return out
+
+
+def _shown(value: Any) -> str:
+    return "nothing" if value is _MISSING else json.dumps(value)
 
 
 def _json(value: Any) -> Any:
@@ -328,7 +433,8 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
         )
         start = time.perf_counter()
         tuner = build_tuner(sweep, concurrent, resume, retry_errored)
-        grid = tuner.fit()
+        with sigterm_as_sigint():
+            grid = tuner.fit()
         wall = time.perf_counter() - start
         # ResultGrid keeps the Trial objects (status included) only on its analysis.
         trials = list(grid._experiment_analysis.trials)
@@ -341,6 +447,24 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
     unended = any(t.status not in ("TERMINATED", "ERROR") for t in trials)
     interrupted = unended or len(trials) < sweep.trials
     return SweepOutcome(trials, concurrent, wall, left, interrupted)
+
+
+@contextmanager
+def sigterm_as_sigint() -> Iterator[None]:
+    """SIGTERM (``kill``, ``timeout``, a scheduler's stop) ends the sweep as Ctrl+C does: Tune
+    stops its trials and saves its state, so the sweep can be resumed."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def forward(signum: int, frame: Any) -> None:
+        signal.raise_signal(signal.SIGINT)
+
+    previous = signal.signal(signal.SIGTERM, forward)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def concurrency(ray: Any, sweep: Sweep) -> int:
@@ -377,8 +501,13 @@ def concurrency(ray: Any, sweep: Sweep) -> int:
 def build_tuner(sweep: Sweep, concurrent: int, resume: bool, retry_errored: bool) -> Any:
     """A new ``Tuner`` for the sweep, or the interrupted one restored from its directory."""
     from ray import tune
+    from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
     from convoy.tune.trial import SweepProgress, run_trial, trial_dirname
+
+    # Tune's own TensorBoard logger would duplicate each trial's run-dir TensorBoard files
+    # and print a driver_artifacts path; its CSV and JSON logs are kept (result analysis).
+    os.environ["TUNE_DISABLE_AUTO_CALLBACK_LOGGERS"] = "1"
 
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, recipe=sweep.recipe), {TRIAL_DRIVER: 1}
@@ -408,7 +537,11 @@ def build_tuner(sweep: Sweep, concurrent: int, resume: bool, retry_errored: bool
             name=TUNE_DIR,
             storage_path=str(sweep.sweep_dir),
             verbose=0,
-            callbacks=[SweepProgress(sweep.metric, sweep.base.run.epochs)],
+            callbacks=[
+                SweepProgress(sweep.metric, sweep.base.run.epochs),
+                CSVLoggerCallback(),
+                JsonLoggerCallback(),
+            ],
         ),
     )
 
@@ -431,6 +564,7 @@ def _scheduler(sweep: Sweep) -> Any:
         max_t=sweep.base.run.epochs,
         grace_period=sweep.grace_epochs,
         reduction_factor=sweep.reduction_factor,
+        stops_file=str(sweep.asha_stops),
     )
 
 

@@ -22,6 +22,7 @@ def run_trial(config: dict[str, Any], recipe: dict[str, Any]) -> None:
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
 
+    from convoy.launchers.base import default_entry
     from convoy.launchers.ray import build_trainer, fit, prepare_on_cluster
     from convoy.outputs import write_config
 
@@ -31,7 +32,9 @@ def run_trial(config: dict[str, Any], recipe: dict[str, Any]) -> None:
     job = job_with(set_field(recipe, "run.name", trial_id), config)
     job = prepare_on_cluster(ray, job)
     write_config(job)
-    fit(build_trainer(job, callbacks=(TuneReportCallback(),)), job)
+    # The recipe's own entry: a recipe with a ``lightning:`` section trains its LightningModule.
+    trainer = build_trainer(job, entry=default_entry(job), callbacks=(TuneReportCallback(),))
+    fit(trainer, job)
 
 
 def trial_dirname(trial: Any) -> str:
@@ -48,13 +51,23 @@ class FinishingASHA(AsyncHyperBandScheduler):
     ``summary.json``. Its result still counts in the rung, for the trials after it.
     """
 
+    def __init__(self, *, stops_file: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        # The table tells ASHA's stops from trials an interruption ended: a file, as the
+        # scheduler restored by --resume is the one pickled when the sweep started.
+        self.stops_file = stops_file
+
     def on_trial_result(self, tune_controller: Any, trial: Any, result: dict[str, Any]) -> str:
         time_attr, metric = self._time_attr, self._metric
         if time_attr in result and metric in result and result[time_attr] >= self._max_t:
             bracket = self._trial_info[trial.trial_id]
             bracket.on_result(trial, result[time_attr], self._metric_op * result[metric])
             return str(TrialScheduler.CONTINUE)
-        return str(super().on_trial_result(tune_controller, trial, result))
+        decision = str(super().on_trial_result(tune_controller, trial, result))
+        if decision == str(TrialScheduler.STOP):
+            with open(self.stops_file, "a") as stops:
+                stops.write(f"{trial.trial_id}\n")
+        return decision
 
 
 class SweepProgress(Callback):
