@@ -82,14 +82,40 @@ def assert_trained(result: RunResult, strategy: str, launcher: str) -> None:
     assert records[-1]["val_loss"] < records[0]["val_loss"]  # it learns
 
 
-def test_ddp_under_torchrun(tmp_path: Path) -> None:
-    result = train(tmp_path, "scaling.launcher=torchrun", "run.epochs=2")
+# Stops after epoch 2 of 3: no epoch improves val_loss by 10, and one such epoch is enough.
+EARLY_STOPPING = (
+    "lightning.trainer_kwargs.callbacks=[{class: 'lightning.pytorch.callbacks:EarlyStopping', "
+    "kwargs: {monitor: val_loss, min_delta: 10.0, patience: 1}}]"
+)
+USER_LOGGER = (
+    "lightning.trainer_kwargs.logger=[{class: 'lightning.pytorch.loggers:CSVLogger', "
+    "kwargs: {name: user_logs}}]"
+)
+
+
+def test_ddp_under_torchrun_with_the_users_callback_and_logger(tmp_path: Path) -> None:
+    result = train(
+        tmp_path, "scaling.launcher=torchrun", "run.epochs=3", EARLY_STOPPING, USER_LOGGER
+    )
     assert_trained(result, "ddp", "torchrun")
     assert_matches_lightning(result.run_dir, 0, [1, 2])
+    assert result.summary["steps"] == 2 * STEPS_PER_EPOCH  # the user's EarlyStopping stopped it
+    assert (result.run_dir / "user_logs" / "version_0" / "metrics.csv").is_file()
     assert (result.run_dir / "checkpoints" / "last.ckpt").is_file()
+    # The test metrics reach TensorBoard under the names the module logged them with.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    board = EventAccumulator(str(result.run_dir / "tensorboard"))
+    board.Reload()
+    assert {"test_loss", "test_acc"} <= set(board.Tags()["scalars"])
 
 
-def test_fsdp2_under_torchrun_resumes_from_its_last_checkpoint(tmp_path: Path) -> None:
+NOISE = ("litlogger", "LeafSpec", "exists and is not empty", "Detected an existing checkpoint")
+
+
+def test_fsdp2_under_torchrun_resumes_from_its_last_checkpoint(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     first = train(tmp_path, "scaling.launcher=torchrun", "strategy.name=fsdp2", "run.epochs=1")
     last = first.run_dir / "checkpoints" / "last.ckpt"
     # FSDP2 saves a distributed checkpoint: one shard file per rank.
@@ -103,6 +129,9 @@ def test_fsdp2_under_torchrun_resumes_from_its_last_checkpoint(tmp_path: Path) -
     assert_matches_lightning(second.run_dir, 1, [2])
     assert second.summary["steps"] == 2 * STEPS_PER_EPOCH
     assert_trained(second, "fsdp2", "torchrun")
+    log = "".join(capfd.readouterr())
+    assert "Trainable params" in log  # Lightning's own lines still print
+    assert [line for line in log.splitlines() if any(n in line for n in NOISE)] == []
 
 
 @pytest.mark.ray

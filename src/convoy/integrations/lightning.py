@@ -18,8 +18,10 @@ experiment directory, and a restarted attempt finds ``last.ckpt`` there by itsel
 
 from __future__ import annotations
 
+import logging
 import statistics
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +69,13 @@ def _train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
     from convoy.integrations.lightning_events import ConvoyEvents
     from convoy.integrations.lightning_strategies import prepare_module
 
+    set_rank_zero(ctx.rank)
+    resume = last_checkpoint(job)
+    quiet_expected_noise(resuming=resume is not None)
     lightning.seed_everything(job.run.seed, verbose=False)
     module, datamodule = build_user_objects(job)
     prepare_module(job, module)
     outputs = RunOutputs(RunStorage.at(job.run_uri), enabled=ctx.is_main)
-    resume = last_checkpoint(job)
     events = ConvoyEvents(
         ctx, job, header(job, ctx), lambda steps: build_sinks(job, ctx, outputs, (), steps)
     )
@@ -92,6 +96,62 @@ def _train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
         if events.bus is not None:
             events.bus.close()
     return summary
+
+
+def set_rank_zero(rank: int) -> None:
+    """Tell Lightning's rank-zero helpers this worker's rank before any Trainer exists.
+
+    They read ``RANK``/``LOCAL_RANK`` at import, which Ray's workers lack, so every rank
+    printed the model summary and the end-of-fit line; Lightning's strategies set the same
+    attributes later, in ``setup_environment``."""
+    from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero
+    from lightning.pytorch.utilities.rank_zero import rank_zero_only as pytorch_rank_zero
+    from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero
+
+    for helper in (fabric_rank_zero, pytorch_rank_zero, utilities_rank_zero):
+        helper.rank = rank  # type: ignore[attr-defined]
+
+
+class _DropMessages(logging.Filter):
+    """Drops log records whose message contains one of ``fragments``."""
+
+    def __init__(self, *fragments: str) -> None:
+        super().__init__()
+        self.fragments = fragments
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not any(fragment in message for fragment in self.fragments)
+
+
+LIGHTNING_INFO_LOGGER = "lightning.pytorch.utilities.rank_zero"
+_TIPS = _DropMessages("litlogger")
+"""Lightning's advertisement for its cloud logger, printed by every Trainer."""
+
+
+def quiet_expected_noise(resuming: bool) -> None:
+    """Silence the run log's lines that say nothing about this run, each by its message
+    (and category): Lightning's litlogger tip; torch's ``LeafSpec`` deprecation, raised
+    inside Lightning; distributed checkpointing's notice that it overwrites ``last.ckpt``
+    (Convoy overwrites it on purpose); and, when resuming, ``ModelCheckpoint``'s notice that
+    the checkpoint directory is not empty."""
+    info = logging.getLogger(LIGHTNING_INFO_LOGGER)
+    if _TIPS not in info.filters:
+        info.addFilter(_TIPS)
+    warnings.filterwarnings(
+        "ignore",
+        message=r"`isinstance\(treespec, LeafSpec\)` is deprecated",
+        category=FutureWarning,
+    )
+    warnings.filterwarnings(
+        "ignore", message=r"Detected an existing checkpoint in .*overwriting", category=UserWarning
+    )
+    if resuming:
+        warnings.filterwarnings(
+            "ignore",
+            message=r"Checkpoint directory .* exists and is not empty",
+            category=UserWarning,
+        )
 
 
 def build_user_objects(job: Job) -> tuple[Any, Any]:
