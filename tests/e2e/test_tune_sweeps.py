@@ -95,11 +95,16 @@ def test_interrupted_sweep_resumes_without_repeating(ray_session: Any, tmp_path:
         seen.append(line)
         if "trained every epoch" in line:
             break
-    first.send_signal(signal.SIGINT)
+    first.send_signal(signal.SIGTERM)  # as `kill` or `timeout` sends: taken as Ctrl+C
     output, _ = first.communicate(timeout=120)
     output = "".join(seen) + output
     assert first.returncode != 0, output  # interrupted: the resume command is printed
     assert "--resume" in output
+    # The trials the interruption ended or kept from starting are said so, not ASHA stops.
+    statuses = {t["status"] for t in results(sweep)["trials"]}
+    assert statuses <= {"finished", "interrupted", "not started"}, output
+    assert "not started" in output or "interrupted" in output, output
+    assert "stopped early" not in output, output
     done = {line.split()[2] for line in seen if "trained every epoch" in line}
     finished = {t: (sweep / t / "metrics.jsonl").read_text() for t in done}
     assert 1 <= len(finished) < 3
