@@ -19,6 +19,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from convoy.commands import add_override_arg
 from convoy.commands import add_parsers as add_command_parsers
 from convoy.config import Job, job_to_yaml, load_job
 from convoy.engine.progress import PERCENT_METRICS
@@ -35,21 +36,9 @@ examples:
 """
 
 
-def _add_override_arg(parser: argparse.ArgumentParser, example: str) -> None:
-    parser.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override a config field by its dotted path, e.g. -o {example} "
-        "(values are parsed as YAML; repeat for several)",
-    )
-
-
 def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("recipe", nargs="?", help="YAML recipe; the built-in defaults if omitted")
-    _add_override_arg(parser, "optim.lr=3e-4")
+    add_override_arg(parser, "optim.lr=3e-4")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -108,7 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
         "on the job's dataset; prints them beside the metrics recorded at training time.",
     )
     evaluate.add_argument("export", help="a directory written by convoy export")
-    _add_override_arg(evaluate, "data.path=/new/place")
+    add_override_arg(evaluate, "data.path=/new/place")
 
     commands.add_parser(
         "list",
@@ -414,7 +403,7 @@ def _add_k8s_source(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "recipe", nargs="?", help="YAML recipe, or (submit) a file of rendered manifests"
     )
-    _add_override_arg(parser, "k8s.image=registry.example.com/convoy:0.1.0")
+    add_override_arg(parser, "k8s.image=registry.example.com/convoy:0.1.0")
     parser.add_argument(
         "--kind", choices=K8S_KINDS, help="what to render (default: k8s.kind, rayjob)"
     )

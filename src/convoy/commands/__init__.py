@@ -9,6 +9,7 @@ them and dispatches on ``args.handler``; heavy imports stay inside the handlers 
 
 from __future__ import annotations
 
+import argparse
 from typing import Any
 
 COMMAND_MODULES = ("bench", "plan", "report", "tune")
@@ -26,3 +27,16 @@ def add_parsers(commands: Any) -> None:
                 raise
             continue
         module.add_parser(commands)
+
+
+def add_override_arg(parser: argparse.ArgumentParser, example: str, what: str = "") -> None:
+    """The ``-o/--override KEY=VALUE`` option every recipe-taking command has."""
+    parser.add_argument(
+        "-o",
+        "--override",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help=f"override a config field{what} by its dotted path, e.g. -o {example} "
+        "(values are parsed as YAML; repeat for several)",
+    )

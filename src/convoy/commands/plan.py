@@ -7,6 +7,8 @@ import argparse
 import json
 from typing import Any
 
+from convoy.commands import add_override_arg
+
 EXAMPLES = """\
 examples:
   convoy plan recipes/lm_tiny.yaml
@@ -29,15 +31,7 @@ def add_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("recipe", nargs="?", help="YAML recipe; the built-in defaults if omitted")
-    parser.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field by its dotted path, e.g. -o model.name=gpt_1b "
-        "(values are parsed as YAML; repeat for several)",
-    )
+    add_override_arg(parser, "model.name=gpt_1b")
     parser.add_argument(
         "--world-sizes", default="1,2,4,8", help="comma-separated world sizes (default 1,2,4,8)"
     )

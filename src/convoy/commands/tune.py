@@ -7,6 +7,8 @@ import shlex
 import sys
 from typing import Any
 
+from convoy.commands import add_override_arg
+
 DESCRIPTION = """\
 Sweep any recipe field with Ray Tune over Ray Train: each trial is a normal Convoy run in
 <run.storage_dir>/<sweep name>/<trial id>/ (config.yaml, metrics.jsonl, summary.json). The
@@ -43,14 +45,7 @@ def add_parser(commands: Any) -> None:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("recipe", nargs="?", help="YAML recipe; the built-in defaults if omitted")
-    parser.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help="override a config field for every trial, e.g. -o run.epochs=4 (repeatable)",
-    )
+    add_override_arg(parser, "run.epochs=4", what=" for every trial")
     parser.add_argument("--space", required=True, metavar="SPACE.yaml", help="the search space")
     parser.add_argument(
         "--search",
