@@ -3,7 +3,7 @@
 The training loop (and the Lightning entry) emit one event per logged step, finished epoch,
 evaluation, committed checkpoint, named straggler and the end of the run. Every rank emits the
 same events in the same order (a Ray Train report is a barrier, so its sink must see them on
-every rank); a sink that writes files writes on rank 0 only (``Sink.main_only``).
+every rank); the sinks that write files are built on rank 0 only.
 
 A sink implements the ``on_<kind>`` methods it cares about. Adding a sink never touches the
 loop: ``convoy.engine.sinks.build_sinks`` assembles them from the job, and a launcher adds its
@@ -195,13 +195,11 @@ Event = (
 class Sink:
     """Receives events; override the ``on_<kind>`` methods wanted and ``close``.
 
-    ``main_only`` sinks are built on rank 0 only. ``required`` sinks (``metrics.jsonl``) stop
-    the run when they fail; any other sink that raises is switched off with one line saying
-    why, and the run goes on.
+    ``required`` sinks (``metrics.jsonl``) stop the run when they fail; any other sink that
+    raises is switched off with one line saying why, and the run goes on.
     """
 
     name: ClassVar[str] = "sink"
-    main_only: ClassVar[bool] = True
     required: ClassVar[bool] = False
 
     def on_start(self, event: StartEvent) -> None: ...

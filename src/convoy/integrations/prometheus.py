@@ -32,7 +32,6 @@ class PrometheusSink(Sink):
     """``ray.util.metrics`` gauges and a counter, recorded on every rank."""
 
     name = "prometheus"
-    main_only = False
 
     def __init__(self, run: str, rank: int) -> None:
         from ray.util.metrics import Counter, Gauge

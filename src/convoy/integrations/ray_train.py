@@ -23,7 +23,6 @@ class RayTrainReportSink(Sink):
     """Ray Train reports from a background thread, on every rank."""
 
     name = "ray-train-report"
-    main_only = False
     required = True  # a lost report would leave the other ranks waiting at the barrier
 
     def __init__(self) -> None:
