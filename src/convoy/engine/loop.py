@@ -34,7 +34,6 @@ from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_wor
 from convoy.data.registry import load_splits
 from convoy.distributed import (
     WorkerContext,
-    all_gather_floats,
     all_gather_objects,
     all_reduce_sum,
     peak_memory_bytes,
@@ -63,7 +62,7 @@ from convoy.engine.flops import (
     peak_flops,
 )
 from convoy.engine.heartbeat import Heartbeat, hang_watch
-from convoy.engine.monitor import ForwardTimer, StragglerWatch
+from convoy.engine.monitor import ForwardTimer, StragglerWatch, gather_rank_stats
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.sinks import build_sinks
 from convoy.errors import ConfigError
@@ -562,18 +561,11 @@ def _rank_interval(state: TrainState) -> tuple[RankStats, float]:
     local = statistics.median(state.timers.local_seconds or [0.0])
     state.timers.interval, state.timers.local_seconds = [0.0] * 4, []
     per = max(1.0, steps)
-    device = state.strategy.device
-    memory = float(peak_memory_bytes(device))
-    gathered = all_gather_floats([step_seconds / per, wait_seconds / per, local, memory], device)
-    # The step is synchronous: the slowest rank sets the pace of all.
-    rate = samples / max(max(rank[0] for rank in gathered) * steps, 1e-9)
-    stats = RankStats(
-        step_seconds=[rank[0] for rank in gathered],
-        data_wait_seconds=[rank[1] for rank in gathered],
-        local_seconds=[rank[2] for rank in gathered],
-        memory_bytes=[int(rank[3]) for rank in gathered],
+    stats, _ = gather_rank_stats(
+        step_seconds / per, wait_seconds / per, local, state.strategy.device
     )
-    return stats, rate
+    # The step is synchronous: the slowest rank sets the pace of all.
+    return stats, samples / max(max(stats.step_seconds) * steps, 1e-9)
 
 
 def _rate(state: TrainState) -> tuple[float, str]:

@@ -20,6 +20,7 @@ from types import TracebackType
 import torch
 
 from convoy.config import MonitorConfig
+from convoy.distributed import all_gather_floats, peak_memory_bytes
 from convoy.engine.events import RankStats, StragglerEvent
 
 
@@ -60,6 +61,28 @@ class ForwardTimer:
                 self.total += start.elapsed_time(end) / 1e3
             self._events = []
         return self.total
+
+
+def gather_rank_stats(
+    step_seconds: float,
+    data_wait_seconds: float,
+    local_seconds: float,
+    device: torch.device,
+    *extra: float,
+) -> tuple[RankStats, list[list[float]]]:
+    """Every rank's figures (and peak memory) in one small all-gather; returns them as
+    ``RankStats`` and, per rank, the ``extra`` values in the order given."""
+    memory = float(peak_memory_bytes(device))
+    gathered = all_gather_floats(
+        [step_seconds, data_wait_seconds, local_seconds, memory, *extra], device
+    )
+    stats = RankStats(
+        step_seconds=[rank[0] for rank in gathered],
+        data_wait_seconds=[rank[1] for rank in gathered],
+        local_seconds=[rank[2] for rank in gathered],
+        memory_bytes=[int(rank[3]) for rank in gathered],
+    )
+    return stats, [list(rank[4:]) for rank in gathered]
 
 
 def find_stragglers(step: int, ranks: RankStats, cfg: MonitorConfig) -> list[StragglerEvent]:

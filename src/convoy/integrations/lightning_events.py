@@ -22,7 +22,7 @@ from lightning.pytorch import Callback, LightningModule, Trainer
 from lightning.pytorch.utilities.data import extract_batch_size
 
 from convoy.config import Job
-from convoy.distributed import WorkerContext, all_gather_floats, all_reduce_sum, peak_memory_bytes
+from convoy.distributed import WorkerContext, all_reduce_sum
 from convoy.engine.events import (
     EpochEvent,
     EventBus,
@@ -30,7 +30,7 @@ from convoy.engine.events import (
     StartEvent,
     StepEvent,
 )
-from convoy.engine.monitor import StragglerWatch
+from convoy.engine.monitor import StragglerWatch, gather_rank_stats
 
 
 @dataclass
@@ -175,18 +175,12 @@ class ConvoyEvents(Callback):
         batches, seconds, wait, samples, forward = self.clock.interval
         self.clock.interval = [0.0] * 5
         per = max(1.0, batches)
-        memory = float(peak_memory_bytes(device))
-        local = (wait + forward) / per
-        gathered = all_gather_floats([seconds / per, wait / per, memory, samples, local], device)
-        # The step is synchronous: the slowest rank sets everyone's pace.
-        slowest = max(rank[0] for rank in gathered) * per
-        stats = RankStats(
-            step_seconds=[rank[0] for rank in gathered],
-            data_wait_seconds=[rank[1] for rank in gathered],
-            local_seconds=[rank[4] for rank in gathered],
-            memory_bytes=[int(rank[2]) for rank in gathered],
+        stats, extra = gather_rank_stats(
+            seconds / per, wait / per, (wait + forward) / per, device, samples
         )
-        return stats, sum(rank[3] for rank in gathered) / max(slowest, 1e-9)
+        # The step is synchronous: the slowest rank sets everyone's pace.
+        slowest = max(stats.step_seconds) * per
+        return stats, sum(rank[0] for rank in extra) / max(slowest, 1e-9)
 
     def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         metrics = metric_values(trainer.callback_metrics)
