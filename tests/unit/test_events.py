@@ -124,34 +124,73 @@ def test_the_log_names_a_straggler_when_it_appears_and_when_it_recovers() -> Non
     assert "rank 1 is no longer a straggler at step 30" in lines[1]
 
 
+class HeldReports:
+    """``ray.train.report`` as Ray behaves: each call held until its controller polls."""
+
+    def __init__(self) -> None:
+        self.polls = threading.Semaphore(0)
+        self.reported: list[dict[str, Any]] = []
+
+    def report(self, metrics: dict[str, Any], **kwargs: Any) -> None:
+        self.polls.acquire()
+        self.reported.append({**metrics, "checkpoint": kwargs.get("checkpoint")})
+
+
+def in_thread(call: Any) -> threading.Thread:
+    thread = threading.Thread(target=call, daemon=True)
+    thread.start()
+    return thread
+
+
 def test_ray_reports_leave_the_loop_at_once_and_reach_ray_in_order(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     ray_train = pytest.importorskip("ray.train")
     from convoy.integrations.ray_train import RayTrainReportSink
 
-    released = threading.Event()
-    reported: list[dict[str, Any]] = []
-
-    def slow_report(metrics: dict[str, Any], **kwargs: Any) -> None:
-        released.wait()  # Ray holds a report until its controller polls
-        reported.append({**metrics, "checkpoint": kwargs.get("checkpoint")})
-
-    monkeypatch.setattr(ray_train, "report", slow_report)
+    ray = HeldReports()
+    monkeypatch.setattr(ray_train, "report", ray.report)
     sink = RayTrainReportSink()
-    sink.on_epoch(epoch(1))
-    sink.report_checkpoint({"val/loss": 0.5}, checkpoint="ckpt-1")
-    sink.on_epoch(epoch(2))  # returned although nothing has been reported yet
-    assert reported == []
-    released.set()
+    sink.on_epoch(epoch(1))  # returned although Ray holds the report
+    assert ray.reported == []
+    ray.polls.release()
+    checkpoint = in_thread(lambda: sink.report_checkpoint({"val/loss": 0.5}, "ckpt-1"))
+    checkpoint.join(timeout=0.2)
+    assert checkpoint.is_alive()  # a commit goes on only once Ray holds its report
+    ray.polls.release()
+    checkpoint.join()
+    assert [r["checkpoint"] for r in ray.reported] == [None, "ckpt-1"]
+    for _ in range(2):
+        ray.polls.release()
+    sink.on_epoch(epoch(2))
     sink.finish({"test/acc": 0.9})
-    assert [(r["epoch"], r["checkpoint"]) for r in reported] == [
+    assert [(r["epoch"], r["checkpoint"]) for r in ray.reported] == [
         (1, None),
         (1, "ckpt-1"),
         (2, None),
         (2, None),
     ]
-    assert reported[-1]["done"] is True and reported[-1]["test/acc"] == 0.9
+    assert ray.reported[-1]["done"] is True and ray.reported[-1]["test/acc"] == 0.9
+
+
+def test_the_loop_runs_at_most_one_epoch_report_ahead_of_ray(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    ray_train = pytest.importorskip("ray.train")
+    from convoy.integrations.ray_train import RayTrainReportSink
+
+    ray = HeldReports()
+    monkeypatch.setattr(ray_train, "report", ray.report)
+    sink = RayTrainReportSink()
+    sink.on_epoch(epoch(1))
+    second = in_thread(lambda: sink.on_epoch(epoch(2)))
+    second.join(timeout=0.2)
+    assert second.is_alive()  # epoch 1's report is still held: epoch 2 waits for it
+    for _ in range(3):
+        ray.polls.release()
+    second.join()
+    sink.finish({})
+    assert [r["epoch"] for r in ray.reported] == [1, 2, 2]
 
 
 def test_a_failed_ray_report_is_raised_on_the_training_thread(

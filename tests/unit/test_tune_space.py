@@ -154,6 +154,7 @@ def test_resume_names_the_changed_fields() -> None:
         ("RUNNING", False, False, {}, "interrupted"),
         ("PENDING", False, False, {}, "not started"),
         ("TERMINATED", True, False, {"epoch": {}}, "finished"),
+        ("TERMINATED", True, True, {"epoch": {}}, "stopped"),  # the run outran the stop
         ("ERROR", False, False, {}, "error"),
     ],
 )

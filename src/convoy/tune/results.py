@@ -93,13 +93,15 @@ def trial_status(tune_status: str, summary: bool, asha_stopped: bool, analysis: 
 
     Only a trial ASHA recorded stopping is "stopped": one that Ctrl+C or SIGTERM ended is
     "interrupted" (Tune marks both TERMINATED), and one that never reported is "not started".
+    ASHA's decision wins over the run's summary: a trial's workers may finish a short run
+    while the stop is still on its way to them.
     """
     if tune_status == "ERROR":
         return "error"
-    if summary:
-        return "finished"
     if asha_stopped:
         return "stopped"
+    if summary:
+        return "finished"
     if tune_status == "PENDING" and not analysis:
         return "not started"
     return "interrupted"
