@@ -142,15 +142,21 @@ def in_thread(call: Any) -> threading.Thread:
     return thread
 
 
-def test_ray_reports_leave_the_loop_at_once_and_reach_ray_in_order(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+@pytest.fixture
+def held(monkeypatch: pytest.MonkeyPatch) -> tuple[HeldReports, Any]:
+    """A report sink over a ``ray.train.report`` that holds each call until released."""
     ray_train = pytest.importorskip("ray.train")
     from convoy.integrations.ray_train import RayTrainReportSink
 
     ray = HeldReports()
     monkeypatch.setattr(ray_train, "report", ray.report)
-    sink = RayTrainReportSink()
+    return ray, RayTrainReportSink()
+
+
+def test_ray_reports_leave_the_loop_at_once_and_reach_ray_in_order(
+    held: tuple[HeldReports, Any],
+) -> None:
+    ray, sink = held
     sink.on_epoch(epoch(1))  # returned although Ray holds the report
     assert ray.reported == []
     ray.polls.release()
@@ -174,14 +180,9 @@ def test_ray_reports_leave_the_loop_at_once_and_reach_ray_in_order(
 
 
 def test_the_loop_runs_at_most_one_epoch_report_ahead_of_ray(
-    monkeypatch: pytest.MonkeyPatch,
+    held: tuple[HeldReports, Any],
 ) -> None:
-    ray_train = pytest.importorskip("ray.train")
-    from convoy.integrations.ray_train import RayTrainReportSink
-
-    ray = HeldReports()
-    monkeypatch.setattr(ray_train, "report", ray.report)
-    sink = RayTrainReportSink()
+    ray, sink = held
     sink.on_epoch(epoch(1))
     second = in_thread(lambda: sink.on_epoch(epoch(2)))
     second.join(timeout=0.2)
