@@ -172,6 +172,17 @@ def test_callback_and_logger_specs_that_are_refused(tmp_path: Path) -> None:
     assert "is not a lightning.Logger" in str(error)
 
 
+def test_a_callback_whose_constructor_raises_is_one_line_in_the_worker(tmp_path: Path) -> None:
+    from convoy.integrations.lightning import user_extensions
+
+    path = "lightning.pytorch.callbacks:EarlyStopping"
+    spec = {"class": path, "kwargs": {"monitor": "val_loss", "mode": "sideways"}}
+    with pytest.raises(ConfigError) as failure:
+        user_extensions("callbacks", [spec], tmp_path)
+    assert failure.value.field == "lightning.trainer_kwargs.callbacks[0].kwargs"
+    assert f"{path} raised" in str(failure.value) and "sideways" in str(failure.value)
+
+
 def test_constructor_kwargs_are_bound_in_the_driver(tmp_path: Path) -> None:
     error = refusal(tmp_path, "lightning.module_kwargs.hiden=32")
     assert error.field == "lightning.module_kwargs"

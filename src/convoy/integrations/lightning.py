@@ -158,19 +158,28 @@ def build_user_objects(job: Job) -> tuple[Any, Any]:
     """The user's module and datamodule (None when the module brings its own loaders)."""
     cfg = job.lightning
     assert cfg.module is not None
-    module = _construct("lightning.module", cfg.module, cfg.module_kwargs)
+    module = _construct(
+        "lightning.module", cfg.module, cfg.module_kwargs, "lightning.module_kwargs"
+    )
     datamodule = None
     if cfg.datamodule is not None:
-        datamodule = _construct("lightning.datamodule", cfg.datamodule, cfg.datamodule_kwargs)
+        datamodule = _construct(
+            "lightning.datamodule",
+            cfg.datamodule,
+            cfg.datamodule_kwargs,
+            "lightning.datamodule_kwargs",
+        )
     return module, datamodule
 
 
-def _construct(field: str, path: str, kwargs: dict[str, Any]) -> Any:
+def _construct(field: str, path: str, kwargs: dict[str, Any], kwargs_field: str) -> Any:
+    """An instance of the user's class ``path`` (named by ``field``); a constructor that raises
+    is one line naming ``kwargs_field``, not a traceback."""
     cls = import_attribute(field, path, "expected package.module:Class")
     try:
         return cls(**kwargs)
-    except Exception as exc:  # the user's constructor: one line, not a traceback
-        raise ConfigError(f"{field}_kwargs", kwargs, f"{path} raised {describe(exc)}") from None
+    except Exception as exc:
+        raise ConfigError(kwargs_field, kwargs, f"{path} raised {describe(exc)}") from None
 
 
 def header(job: Job, ctx: WorkerContext) -> str:
@@ -238,10 +247,7 @@ def user_extensions(key: str, value: Any, run_dir: Path) -> list[Any]:
     for spec in class_specs(key, value):
         cls = import_attribute(spec.field, spec.path, "expected package.module:Class")
         kwargs = extension_kwargs(key, cls, spec.kwargs, str(run_dir))
-        try:
-            built.append(cls(**kwargs))
-        except Exception as exc:  # the user's constructor: one line, not a traceback
-            raise ConfigError(f"{spec.field}.kwargs", kwargs, describe(exc)) from None
+        built.append(_construct(spec.field, spec.path, kwargs, f"{spec.field}.kwargs"))
     return built
 
 

@@ -3,8 +3,9 @@
 Each tag means one thing: the loss and learning rate of a logged step are ``step/loss`` and
 ``step/lr``; an epoch's metrics keep their ``metrics.jsonl`` names (``train/loss``,
 ``val/acc``...) plus ``epoch``; the test metrics are those of the final evaluation under
-the names it gives them (the engine's ``test/loss``, a LightningModule's ``test_acc``...). Per-rank figures are ``ranks/<figure>/rank<N>``. Every value is plotted against the
-optimizer step.
+the names it gives them (the engine's ``test/loss``, a LightningModule's ``test_acc``...).
+Per-rank figures are ``ranks/<figure>/rank<N>``. Every value is plotted against the optimizer
+step.
 """
 
 from __future__ import annotations
