@@ -117,16 +117,41 @@ class DataConfig(Section):
     """Training-only augmentation: flip images horizontally with probability 1/2."""
 
 
+TORCH_DEFAULTS: dict[str, dict[str, Any]] = {
+    "adamw": {"betas": (0.9, 0.999), "weight_decay": 0.01},  # torch.optim.AdamW
+    "sgd": {"momentum": 0.0, "weight_decay": 0.0},  # torch.optim.SGD
+}
+"""Each optimizer's own fields and torch's defaults for them: what a recipe that leaves one
+out gets, so a loop ported from plain PyTorch trains the same. A field that is not in its
+optimizer's entry (``momentum`` for adamw, ``betas`` for sgd) stays null."""
+
+
 class OptimConfig(Section):
+    """The optimizer and its learning-rate schedule.
+
+    ``weight_decay``, ``momentum`` and ``betas`` default to torch's for ``name``
+    (``TORCH_DEFAULTS``), resolved at load time so ``convoy config show`` prints what will
+    be used; one the optimizer does not have is refused rather than ignored. The schedule is
+    Convoy's, as torch's optimizers have none to follow: cosine by default (the shipped
+    recipes are tuned with it), after ``warmup_steps`` of linear warm-up (none unless asked
+    for). ``convoy train`` prints both before it starts.
+    """
+
     name: Literal["adamw", "sgd"] = "adamw"
     lr: Annotated[float, Field(gt=0)] = 1e-3
     """Peak learning rate (after warmup), before optional linear scaling."""
-    weight_decay: Annotated[float, Field(ge=0)] = 0.05
-    momentum: Annotated[float, Field(ge=0, lt=1)] = 0.9
-    """SGD momentum (ignored by AdamW)."""
-    betas: tuple[float, float] = (0.9, 0.999)
+    weight_decay: Annotated[float, Field(ge=0)] | None = None
+    """Weight decay of parameters of 2-D and up (decoupled for adamw, L2 for sgd); default:
+    torch's, 0.01 for adamw and 0 for sgd."""
+    momentum: Annotated[float, Field(ge=0, lt=1)] | None = None
+    """sgd only; default: torch's 0 (``SGD(lr, momentum=0.9)`` is ``momentum: 0.9``)."""
+    betas: tuple[float, float] | None = None
+    """adamw only; default: torch's (0.9, 0.999)."""
     warmup_steps: Annotated[int, Field(ge=0)] = 0
+    """Steps of linear warm-up from lr / warmup_steps to the peak."""
     schedule: Literal["cosine", "constant"] = "cosine"
+    """After warm-up: cosine decay to ``min_lr_ratio`` x lr over the run, or a constant lr
+    (what a plain torch loop without a scheduler does)."""
     min_lr_ratio: Annotated[float, Field(ge=0, le=1)] = 0.0
     """Cosine floor as a fraction of the peak learning rate."""
     scale_lr_base_batch: Annotated[int, Field(gt=0)] | None = None
@@ -134,6 +159,38 @@ class OptimConfig(Section):
     grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
     """Clip the global gradient norm (over every shard) to this value."""
     grad_accum_steps: Annotated[int, Field(gt=0)] = 1
+
+    @field_validator("betas")
+    @classmethod
+    def _betas_in_range(cls, value: tuple[float, float] | None) -> tuple[float, float] | None:
+        if value is not None and not all(0 <= beta < 1 for beta in value):
+            raise ValueError("allowed: two numbers in [0, 1), e.g. [0.9, 0.999]")
+        return value
+
+    @model_validator(mode="after")
+    def _torch_defaults(self) -> OptimConfig:
+        """Fill the optimizer's unset fields with torch's defaults; refuse the other's."""
+        own = TORCH_DEFAULTS[self.name]
+        for key in ("weight_decay", "momentum", "betas"):
+            value = getattr(self, key)
+            if key not in own and value is not None:
+                has = next(name for name, fields in TORCH_DEFAULTS.items() if key in fields)
+                raise ConfigError(
+                    f"optim.{key}",
+                    value,
+                    f"set but optim.name is {self.name!r}, which has no {key}; remove it, or "
+                    f"use optim.name: {has}",
+                )
+            if key in own and value is None:
+                # The model is frozen; this runs once, while it is being built.
+                object.__setattr__(self, key, own[key])
+        return self
+
+    @property
+    def hyperparameters(self) -> dict[str, Any]:
+        """The optimizer's own fields, resolved (``momentum`` or ``betas``, and
+        ``weight_decay``), as torch's constructor names them."""
+        return {key: getattr(self, key) for key in TORCH_DEFAULTS[self.name]}
 
 
 class SingleStrategyConfig(Section):

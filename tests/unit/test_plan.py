@@ -112,11 +112,11 @@ def test_fsdp2_gathers_ahead_only_where_a_unit_comes_next() -> None:
 
 
 def test_sgd_without_momentum_has_no_state() -> None:
-    planner = Planner(
-        load_job("recipes/digits_mlp.yaml", [*TINY, "optim.name=sgd", "optim.momentum=0"])
+    planner = Planner(load_job("recipes/digits_mlp.yaml", [*TINY, "optim.name=sgd"]))
+    assert planner.layout("single", 1).optimizer == 0  # torch's default momentum: 0
+    with_momentum = Planner(
+        load_job("recipes/digits_mlp.yaml", [*TINY, "optim.name=sgd", "optim.momentum=0.9"])
     )
-    assert planner.layout("single", 1).optimizer == 0
-    with_momentum = Planner(load_job("recipes/digits_mlp.yaml", [*TINY, "optim.name=sgd"]))
     assert with_momentum.layout("single", 1).optimizer == 4 * PARAMS
 
 

@@ -132,3 +132,25 @@ def test_no_decay_names_are_biases_and_norms() -> None:
     names = no_decay_names(build_model("vit_tiny", {"depth": 1}, DIGITS_SHAPE))
     assert {"head.bias", "norm.weight", "blocks.0.norm1.bias", "blocks.0.attn.qkv.bias"} <= names
     assert not names & {"head.weight", "blocks.0.attn.qkv.weight", "pos_embed", "cls_token"}
+
+
+@pytest.mark.parametrize(
+    ("overrides", "expected"),
+    [
+        ({"name": "sgd"}, {"momentum": 0.0, "weight_decay": 0.0}),
+        ({"name": "sgd", "momentum": 0.9}, {"momentum": 0.9, "weight_decay": 0.0}),
+        ({"name": "adamw"}, {"betas": (0.9, 0.999), "weight_decay": 0.01}),
+        (
+            {"name": "adamw", "betas": (0.9, 0.95), "weight_decay": 0.1},
+            {"betas": (0.9, 0.95), "weight_decay": 0.1},
+        ),
+    ],
+)
+def test_the_optimizer_built_has_the_resolved_values(
+    overrides: dict[str, object], expected: dict[str, object]
+) -> None:
+    model = build_model("mlp", {"hidden": 8}, DIGITS_SHAPE)
+    optimizer = build_optimizer(OptimConfig(**overrides), model, no_decay_names(model), lr=0.01)
+    decay, plain = optimizer.param_groups
+    assert {key: decay[key] for key in expected} == expected
+    assert plain["weight_decay"] == 0.0 and decay["lr"] == 0.01

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
@@ -33,21 +35,36 @@ def peak_lr(cfg: OptimConfig, global_batch: int) -> float:
     return cfg.lr * global_batch / cfg.scale_lr_base_batch
 
 
+OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+    "adamw": torch.optim.AdamW,
+    "sgd": torch.optim.SGD,
+}
+
+
 def build_optimizer(
     cfg: OptimConfig, model: nn.Module, no_decay: set[str], lr: float
 ) -> torch.optim.Optimizer:
+    """``cfg``'s optimizer over ``model``'s trainable parameters: ``cfg.weight_decay`` on
+    all but ``no_decay``, which get none."""
     decay: list[nn.Parameter] = []
     plain: list[nn.Parameter] = []
     for name, param in model.named_parameters():
         if param.requires_grad:
             (plain if canonical_name(name) in no_decay else decay).append(param)
-    groups = [
+    groups: list[dict[str, Any]] = [
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": plain, "weight_decay": 0.0},
     ]
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=lr, betas=cfg.betas)
+    return make_optimizer(cfg, groups, lr)
+
+
+def make_optimizer(
+    cfg: OptimConfig, groups: list[dict[str, Any]], lr: float
+) -> torch.optim.Optimizer:
+    """torch's optimizer named by ``cfg.name`` over param ``groups`` (each with its own
+    ``weight_decay``), with the config's other fields (``momentum`` or ``betas``)."""
+    shared = {k: v for k, v in cfg.hyperparameters.items() if k != "weight_decay"}
+    return OPTIMIZERS[cfg.name](groups, lr=lr, **shared)
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:

@@ -16,6 +16,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from convoy.config import Job
+from convoy.engine.schedule import make_optimizer
 from convoy.plan.job import compute_dtype
 from convoy.plan.model import ModelSource, build_skeleton, fake_batch, fake_process_group, to_fake
 
@@ -259,12 +260,9 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def _optimizer(job: Job, groups: list[dict[str, Any]]) -> torch.optim.Optimizer:
-    cfg = job.optim
     for group in groups:
-        group["weight_decay"] = cfg.weight_decay
-    if cfg.name == "sgd":
-        return torch.optim.SGD(groups, lr=cfg.lr, momentum=cfg.momentum)
-    return torch.optim.AdamW(groups, lr=cfg.lr, betas=cfg.betas)
+        group["weight_decay"] = job.optim.weight_decay
+    return make_optimizer(job.optim, groups, job.optim.lr)
 
 
 def _category(snapshot: dict[Any, dict[Any, int]], name: str) -> int:
