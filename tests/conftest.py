@@ -47,23 +47,20 @@ def s3():
 
 @pytest.fixture(scope="session")
 def ray_session(s3):
-    """One embedded Ray for the whole session; train workers take fractional CPUs."""
+    """One embedded Ray for the whole session, started as the launcher starts its private one
+    (with the dashboard's state API, as ``convoy tune`` does); train workers take fractional
+    CPUs."""
     ray = pytest.importorskip("ray")
-    from convoy.launchers.ray import EMBEDDED_RAY_ENV, state_api_pinned
+    from convoy.config import RayLauncherConfig
+    from convoy.launchers.ray import RayCluster, ensure_ray
 
-    for key, value in EMBEDDED_RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    if not ray.is_initialized():
-        # As the launcher's embedded Ray: the dashboard (state API) on loopback.
-        with state_api_pinned() as dashboard_port:
-            ray.init(
-                num_cpus=2,
-                include_dashboard=True,
-                dashboard_host="127.0.0.1",
-                dashboard_port=dashboard_port,
-                logging_config=ray.LoggingConfig(log_level="ERROR"),
-                resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
-            )
+    ensure_ray(
+        ray,
+        RayCluster(address=None),
+        resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
+        settings=RayLauncherConfig(),
+        state_api=True,
+    )
     yield ray
     ray.shutdown()
 

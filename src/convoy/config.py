@@ -313,6 +313,16 @@ def torchrun_layout(scaling: ScalingConfig) -> tuple[str, int]:
     return f"{low}:{high}", per_node
 
 
+class RayLauncherConfig(Section):
+    start_timeout_s: Annotated[float, Field(gt=0)] = 180.0
+    """How long an embedded local Ray may take to start on a busy machine (its daemons, its
+    dashboard when one is needed, the first worker processes registering), retries included,
+    before the run gives up with one line."""
+    worker_niceness: Annotated[int, Field(ge=-20, le=19)] | None = None
+    """Scheduling priority (nice value) of the train workers; default: the niceness ``convoy``
+    itself runs at, as torchrun's workers would have (Ray's own default is 15)."""
+
+
 class ScalingConfig(Section):
     launcher: Literal["local", "torchrun", "ray"] = "ray"
     num_workers: int | tuple[int, int] = 2
@@ -332,6 +342,8 @@ class ScalingConfig(Section):
     max_failures: Annotated[int, Field(ge=0)] = 0
     """Restarts after a worker failure (Ray FailureConfig / torchrun --max-restarts)."""
     torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
+    ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig)
+    """The `ray` launcher's embedded local Ray: start-up bound and the train workers' priority."""
 
     @field_validator("num_workers", mode="before")
     @classmethod

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -67,26 +71,100 @@ class FakeRay:
         return kwargs
 
 
-def test_a_ray_already_running_here_is_joined_not_restarted(
+def test_a_ray_a_user_started_here_is_joined_at_its_address_not_auto(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from convoy.launchers import ray as ray_launcher
 
     fake = FakeRay()
-    monkeypatch.setattr(ray_launcher, "running_local_cluster", lambda: "127.0.0.1:6379")
-    assert ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
-    # No num_cpus: ray.init refuses it when joining a running cluster.
-    assert fake.calls[0]["address"] == "auto" and "num_cpus" not in fake.calls[0]
-    assert "using the Ray cluster already running at 127.0.0.1:6379" in capsys.readouterr().out
+    monkeypatch.setattr(ray_launcher, "user_started_cluster", lambda: "127.0.0.1:6379")
+    monkeypatch.setattr(ray_launcher, "check_reachable", lambda address: None)
+    monkeypatch.setattr(ray_launcher, "route_ray_output", lambda ray: None)
+    connection = ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
+    assert connection is not None and not connection.private
+    # Its exact address: "auto" would join any Ray running here, another run's private one too.
+    assert fake.calls[0]["address"] == "127.0.0.1:6379" and "num_cpus" not in fake.calls[0]
+    assert "joining the Ray started on this machine at 127.0.0.1:6379" in capsys.readouterr().out
 
 
-def test_without_a_running_ray_a_private_one_is_started(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_a_user_started_ray_a_private_one_is_started(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     from convoy.launchers import ray as ray_launcher
+    from convoy.launchers import ray_local
 
     fake = FakeRay()
-    monkeypatch.setattr(ray_launcher, "running_local_cluster", lambda: None)
-    assert ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
-    assert "address" not in fake.calls[0] and fake.calls[0]["dashboard_host"] == "127.0.0.1"
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setattr(ray_launcher, "user_started_cluster", lambda: None)
+    monkeypatch.setattr(ray_launcher, "route_ray_output", lambda ray: None)
+    monkeypatch.setattr(ray_local, "ray_logs_note", lambda ray: "")
+    connection = ray_launcher.ensure_ray(fake, ray_launcher.RayCluster(address=None))
+    assert connection is not None and connection.private
+    call = fake.calls[0]
+    assert "address" not in call and call["include_dashboard"] is False
+    # Its own temp folder: no address file another process could find, its own logs.
+    assert Path(call["_temp_dir"]).parent == tmp_path / "ray"
+    assert Path(call["_temp_dir"]).name.startswith(f"convoy-{os.getpid()}-")
+
+
+def test_a_stale_address_file_is_said_in_one_line_and_not_joined(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("ray")
+    from convoy.distributed import free_port
+    from convoy.launchers.ray_local import ray_address_file, user_started_cluster
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    ray_address_file().parent.mkdir(parents=True)
+    ray_address_file().write_text(f"127.0.0.1:{free_port()}")  # a head killed without `ray stop`
+    assert user_started_cluster() is None
+    out = capsys.readouterr().out.strip().splitlines()
+    assert len(out) == 1 and "is not running (nothing accepts connections there" in out[0]
+    assert out[0].endswith("starting a private Ray for this run")
+
+
+def test_a_port_that_is_not_a_ray_gcs_is_not_joined(monkeypatch: pytest.MonkeyPatch) -> None:
+    pytest.importorskip("ray")
+    from convoy.launchers import ray_local
+
+    with socket.socket() as listener:  # accepts connections, never answers as a GCS
+        listener.bind(("127.0.0.1", 0))
+        listener.listen()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        problem = ray_local.gcs_problem(address, timeout=1.0)
+    assert problem is not None and "does not answer as a Ray GCS" in problem
+
+
+def test_router_shows_the_workers_lines_and_logs_rays_own(tmp_path: Path) -> None:
+    from convoy.launchers.ray_local import INFO_MARKER, RayOutputRouter
+
+    shown: list[dict[str, object]] = []
+    router = RayOutputRouter(shown.append, tmp_path / "first.log")
+    worker = {"actor_name": "RayTrainWorker", "pid": 7, "ip": "10.0.0.1"}
+    router({**worker, "lines": ["epoch 1/2 loss 0.5", f"{INFO_MARKER}Ray's own note"]})
+    router({"actor_name": "TrainController", "pid": 8, "lines": ["Traceback (most recent"]})
+    router.move_to(tmp_path / "run" / "ray.log")
+    router({"pid": "autoscaler", "lines": ["Autoscaler status"]})
+    router.close()
+    assert [d["lines"] for d in shown] == [["epoch 1/2 loss 0.5"]]
+    first = (tmp_path / "first.log").read_text()
+    assert "Ray's own note" in first and "(TrainController pid=8" in first
+    assert "Traceback" in first and "Autoscaler" not in first
+    assert "Autoscaler status" in (tmp_path / "run" / "ray.log").read_text()
+
+
+def test_process_niceness_is_set_on_every_thread() -> None:
+    # Runs in a child so the test process keeps its priority (raising nice is one-way).
+    code = (
+        "import os, threading, time\n"
+        "from convoy.launchers.ray_local import set_process_niceness\n"
+        "t = threading.Thread(target=time.sleep, args=(2,)); t.start()\n"
+        "assert set_process_niceness(os.getpriority(os.PRIO_PROCESS, 0) + 3) is None\n"
+        "print(sorted({os.getpriority(os.PRIO_PROCESS, int(x)) for x in os.listdir('/proc/self/task')}))\n"
+    )
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == f"[{base + 3}]"
 
 
 def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:

@@ -9,7 +9,6 @@ other launchers work without it.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
 import logging
@@ -17,24 +16,32 @@ import math
 import os
 import re
 import socket
-import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from convoy.config import Job, job_from_dict
-from convoy.distributed import WorkerContext, free_port
+from convoy.config import Job, RayLauncherConfig, job_from_dict
+from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError, LaunchError, ResourceError
+from convoy.imports import missing_extra
 from convoy.launchers.base import (
     TRAIN,
     Launcher,
     RunResult,
     WorkerEntry,
     check_shared_storage,
+)
+from convoy.launchers.ray_local import (
+    probe_gcs_client,
+    route_ray_output,
+    send_ray_output_to,
+    set_process_niceness,
+    start_private_ray,
+    user_started_cluster,
+    worker_niceness,
 )
 from convoy.outputs import read_summary, write_config
 
@@ -55,8 +62,8 @@ def import_ray() -> Any:
         import ray
     except ImportError:
         raise LaunchError(
-            "scaling.launcher: got 'ray' but Ray is not installed; "
-            "pip install 'convoy[ray]' (ray[train,tune,data]==2.60.0), or use 'local' / 'torchrun'"
+            f"scaling.launcher: got 'ray'; {missing_extra('the ray launcher', 'ray', 'ray')}, "
+            "or use 'local' / 'torchrun'"
         ) from None
     return ray
 
@@ -111,17 +118,6 @@ def alive_node_resources(ray: Any) -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
 
 
-# Ray Train's controller polls its workers every 2 s by default, so a finished run waits up to
-# that long (measured: ~4 s per fit) before fit() returns. Polling every 0.2 s costs nothing
-# measurable. Ray Train's preemption watcher follows node drains, which a one-machine Ray never
-# has; it only adds an actor and an error-level line from Ray's core worker to every run.
-# Set for the embedded Ray only: its processes inherit this environment.
-EMBEDDED_RAY_ENV = {
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.2",
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-}
-
-
 def quiet_ray_loggers() -> None:
     """Keep Ray Train's per-report and Ray Data's per-execution INFO lines out of the run log."""
     for name in ("ray.train", "ray.data"):
@@ -134,84 +130,56 @@ def quiet_ray_loggers() -> None:
     logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
-def running_local_cluster() -> str | None:
-    """The address of a Ray already started on this machine (``ray start --head``), if any."""
-    from ray._private.services import canonicalize_bootstrap_address
+def ensure_ray(
+    ray: Any,
+    cluster: RayCluster,
+    resources: dict[str, float] | None = None,
+    settings: RayLauncherConfig | None = None,
+    state_api: bool = False,
+) -> RayConnection | None:
+    """Connect to or start Ray; the connection if this call made it (and must shut it down).
 
-    try:
-        # None means "the running local cluster, if any" (typed str, handles None).
-        return canonicalize_bootstrap_address(None)  # type: ignore[arg-type]
-    except Exception:  # an unreadable or stale address file: start a private Ray instead
-        return None
-
-
-def ensure_ray(ray: Any, cluster: RayCluster, resources: dict[str, float] | None = None) -> bool:
-    """Connect to or start Ray; True if this call started it (and must shut it down).
-
-    ``RAY_ADDRESS`` names a cluster to join. Without it, a Ray already running on this
-    machine is joined (``ray.init(num_cpus=...)`` would refuse it), and said so; otherwise a
-    private local Ray is started for this run and stopped after it, with the custom
-    ``resources`` given (a sweep's trial-driver slots).
+    ``RAY_ADDRESS`` names a cluster to join. Without it, a Ray a user started on this machine
+    (``ray start``) is joined if it answers, and said so; otherwise a private local Ray is
+    started for this process and stopped after it (``convoy.launchers.ray_local``), with the
+    custom ``resources`` given (a sweep's trial-driver slots) and, with ``state_api``, the
+    dashboard. Either way, Ray's own output is routed away from the terminal.
     """
     if ray.is_initialized():
-        return False
-    if cluster.address:
-        check_reachable(cluster.address)
-        quiet_ray_loggers()
-        try:
-            ray.init(address=cluster.address, logging_config=ray.LoggingConfig(log_level="ERROR"))
-        except ConnectionError as exc:
-            raise LaunchError(
-                f"RAY_ADDRESS: could not join the Ray cluster at {cluster.address}: "
-                f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-            ) from None
-        return True
-    running = running_local_cluster()
-    if running:
-        print(f"convoy: using the Ray cluster already running at {running}", flush=True)
-        quiet_ray_loggers()
-        # "auto" (not the address itself) lets Ray turn token auth on when the cluster uses it.
-        ray.init(address="auto", logging_config=ray.LoggingConfig(log_level="ERROR"))
-        return True
-    for key, value in EMBEDDED_RAY_ENV.items():
-        os.environ.setdefault(key, value)
+        return None
     quiet_ray_loggers()
-    with state_api_pinned() as dashboard_port:
-        ray.init(
-            num_cpus=os.cpu_count(),
-            resources=resources or None,
-            # The dashboard serves the state API, which Ray Train's placement-group cleaner
-            # needs (without it a stopped run's workers leak their CPUs); on loopback only.
-            include_dashboard=True,
-            dashboard_host="127.0.0.1",
-            dashboard_port=dashboard_port,
-            logging_config=ray.LoggingConfig(log_level="ERROR"),
-        )
-    return True
+    address = cluster.address or user_started_cluster()
+    if address:
+        if not cluster.address:
+            print(
+                f"convoy: joining the Ray started on this machine at {address} (`ray start`); "
+                "it keeps running after this run",
+                flush=True,
+            )
+        join_cluster(ray, address)
+    else:
+        start_private_ray(ray, settings or RayLauncherConfig(), resources, state_api)
+    route_ray_output(ray)
+    return RayConnection(private=not address)
 
 
-@contextlib.contextmanager
-def state_api_pinned() -> Iterator[int]:
-    """Around starting an embedded Ray: a free dashboard port, named in the environment the
-    new Ray's processes inherit as ``RAY_API_SERVER_ADDRESS`` (and only theirs: the variable
-    is restored afterwards, so no process started later points at this Ray by mistake).
+@dataclass(frozen=True)
+class RayConnection:
+    """A connection ``ensure_ray`` made: to a private Ray it started, or to a shared one."""
 
-    Ray Train's placement-group cleaner finds the state API through that variable, else by
-    looking for Ray on this machine, which fails when another Ray runs here too ("Found
-    multiple active Ray instances"): a stopped run's workers would then keep their CPUs. A
-    variable the user set is kept, and its port used.
-    """
-    given = os.environ.get("RAY_API_SERVER_ADDRESS")
-    if given:
-        tail = given.rstrip("/").rpartition(":")[2]
-        yield int(tail) if tail.isdigit() else free_port()
-        return
-    port = free_port()
-    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    private: bool
+
+
+def join_cluster(ray: Any, address: str) -> None:
+    """``ray.init`` on a running cluster at ``address``, after checking it can be joined."""
+    check_reachable(address)
     try:
-        yield port
-    finally:
-        os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+        ray.init(address=address, logging_config=ray.LoggingConfig(log_level="ERROR"))
+    except ConnectionError as exc:
+        raise LaunchError(
+            f"RAY_ADDRESS: could not join the Ray cluster at {address}: "
+            f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
 
 
 # How long to wait for anything to accept a connection at RAY_ADDRESS before saying so.
@@ -272,22 +240,7 @@ GCS_PROBE_TIMEOUT_S = 10.0
 
 def probe_gcs(address: str) -> None:
     """Check that a Ray GCS answers at ``address`` and accepts this machine's token."""
-    from ray._raylet import GcsClient  # type: ignore[attr-defined]
-
-    outcome: list[BaseException | None] = []
-
-    def connect() -> None:
-        try:
-            GcsClient(address=address)
-            outcome.append(None)
-        except BaseException as exc:  # reported in the caller's thread
-            outcome.append(exc)
-
-    # The client blocks for up to ~40 s on a port that is not a GCS: wait in a daemon thread.
-    probe = threading.Thread(target=connect, name="convoy-gcs-probe", daemon=True)
-    probe.start()
-    probe.join(GCS_PROBE_TIMEOUT_S)
-    error = outcome[0] if outcome else TimeoutError()
+    error = probe_gcs_client(address, GCS_PROBE_TIMEOUT_S)
     if error is None:
         return
     if type(error).__name__ == "AuthenticationError":
@@ -362,13 +315,17 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
     """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
     ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller."""
-    from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
     from ray.train.torch import TorchTrainer
 
     from convoy.launchers.ray_torch import NodeInterfaceTorchConfig
 
     storage_path, _, name = job.run_uri.rpartition("/")
-    config: dict[str, Any] = {"job": job.model_dump(mode="json"), "entry": entry.to_dict()}
+    config: dict[str, Any] = {
+        "job": job.model_dump(mode="json"),
+        "entry": entry.to_dict(),
+        "niceness": worker_niceness(job.scaling.ray),
+    }
     data: dict[str, Any] = {}
     if job.data.loader == "ray_data":
         from convoy.data.ray_data import build_ray_data
@@ -403,8 +360,15 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
             failure_config=FailureConfig(max_failures=job.scaling.max_failures),
             checkpoint_config=checkpoint_config(job),
             callbacks=list(callbacks),
+            # Ray Train's own lines ("Requesting resources", "Setting up process group") stay
+            # in Ray's log files; a failure reaches the user through fit()'s error.
+            logging_config=LoggingConfig(log_level="CRITICAL"),
         ),
     )
+
+
+# Ray's own lines from a run (its controller's, the autoscaler's), kept out of the terminal.
+RAY_LOG_FILE = "ray.log"
 
 
 class RayLauncher(Launcher):
@@ -415,14 +379,15 @@ class RayLauncher(Launcher):
 
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         ray = import_ray()
-        # A cluster Convoy did not start can gain nodes while an elastic run grows onto them.
-        shared_cluster = bool(self.cluster.address) or (
-            not ray.is_initialized() and running_local_cluster() is not None
-        )
-        started = ensure_ray(ray, self.cluster)
+        started = ensure_ray(ray, self.cluster, settings=job.scaling.ray)
         try:
-            job = prepare_on_cluster(ray, job, shared_cluster)
+            # A cluster Convoy did not start can gain nodes while an elastic run grows onto it.
+            shared = started is not None and not started.private
+            job = prepare_on_cluster(ray, job, shared_cluster=shared)
             storage = write_config(job)
+            run_dir = storage.local_path("")
+            if run_dir is not None:
+                send_ray_output_to(run_dir / RAY_LOG_FILE)
             fit(build_trainer(job, entry), job)
         finally:
             if started:
@@ -549,6 +514,9 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     quiet_ray_loggers()
     job = job_from_dict(config["job"])
     context = ray.train.get_context()
+    refused = set_process_niceness(config["niceness"])
+    if refused and context.get_world_rank() == 0:
+        print(f"convoy: train workers keep Ray's priority: {refused}", flush=True)
     reports = RayTrainReportSink()
     ctx = WorkerContext(
         rank=context.get_world_rank(),

@@ -1,0 +1,353 @@
+"""The Ray a ``convoy`` command runs on when ``RAY_ADDRESS`` is unset: private, robust, quiet.
+
+Several ``convoy`` commands often run at once on one machine (a sweep, a benchmark and a
+training run), next to a ``ray start --head`` someone may have killed instead of stopping.
+Four rules follow from what went wrong there:
+
+- **Join only what a user started.** A local Ray is joined when ``ray start`` wrote Ray's
+  address file and its GCS answers within seconds, at that exact address. A dead address is
+  said in one line and a private Ray is started instead. Never ``ray.init("auto")``, which
+  joins any Ray it finds running here, another run's private one included.
+- **A private Ray is private.** It lives in its own temp folder (``/tmp/ray/convoy-<pid>-<id>``),
+  so it writes no address file another process could find, and its logs, which the run names,
+  are its own.
+- **Start on a busy machine.** Ray's fixed start-up waits (60 s for the dashboard and for a
+  worker process to register) become ``scaling.ray.start_timeout_s``, and a failed start is
+  retried within that bound. The dashboard starts only for callers that need its state API
+  (``convoy tune``); if it cannot start, the run goes on and says what that costs.
+- **Quiet.** The terminal shows what the train workers (and Tune's trials) print; Ray's own
+  lines (its controller's, the autoscaler's, retries and their tracebacks) go to a log file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from convoy.config import RayLauncherConfig
+from convoy.distributed import free_port
+from convoy.errors import LaunchError
+
+# Ray Train's controller polls its workers every 2 s by default, so a finished run waits up to
+# that long before fit() returns; 0.5 s keeps that wait short without the controller polling
+# five times a second on a busy machine. Ray Train's preemption watcher follows node drains,
+# which a one-machine Ray never has; it only adds an actor and an error-level line to every
+# run. Ray Train's own Prometheus metrics are exported only when a run asks for Prometheus.
+# Set for the embedded Ray only: its processes inherit this environment.
+EMBEDDED_RAY_ENV = {
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+}
+
+# Ray's start-up waits that a busy machine outlasts, each raised to the start-up bound.
+STARTUP_WAIT_VARIABLES = ("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "RAY_worker_register_timeout_seconds")
+
+# How long a local Ray named in Ray's address file may take to answer before it counts as dead.
+LOCAL_PROBE_TIMEOUT_S = 3.0
+
+
+def ray_address_file() -> Path:
+    """Ray's address file: written by ``ray start``, read by ``ray.init()`` and the Ray CLI."""
+    from ray._common.utils import get_ray_address_file
+
+    return Path(get_ray_address_file(None))
+
+
+def user_started_cluster() -> str | None:
+    """The address of a Ray that a user started on this machine (``ray start``) and that
+    answers; None when there is none. A stale address file is said in one line."""
+    try:
+        address = ray_address_file().read_text().strip()
+    except OSError:
+        return None
+    if not address:
+        return None
+    problem = gcs_problem(address, LOCAL_PROBE_TIMEOUT_S)
+    if problem is None:
+        return address
+    print(
+        f"convoy: the Ray at {address} named in {ray_address_file()} is not running "
+        f"({problem}; a head stopped without `ray stop`?); starting a private Ray for this run",
+        flush=True,
+    )
+    return None
+
+
+def gcs_problem(address: str, timeout: float) -> str | None:
+    """Why no Ray GCS answers at ``host:port`` within ``timeout`` seconds; None if one does."""
+    host, _, port = address.rpartition(":")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout).close()
+    except (OSError, ValueError) as exc:
+        return f"nothing accepts connections there: {getattr(exc, 'strerror', None) or exc}"
+    error = probe_gcs_client(address, timeout)
+    if error is None or type(error).__name__ == "AuthenticationError":
+        return None  # it answers (a token problem is reported when joining it)
+    return f"it accepts connections but does not answer as a Ray GCS ({type(error).__name__})"
+
+
+def probe_gcs_client(address: str, timeout: float) -> BaseException | None:
+    """Connect a GCS client to ``address``; the error, a TimeoutError, or None if it answers."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+
+    outcome: list[BaseException | None] = []
+
+    def connect() -> None:
+        try:
+            GcsClient(address=address)
+            outcome.append(None)
+        except BaseException as exc:  # reported in the caller's thread
+            outcome.append(exc)
+
+    # The client blocks for up to ~40 s on a port that is not a GCS: wait in a daemon thread.
+    probe = threading.Thread(target=connect, name="convoy-gcs-probe", daemon=True)
+    probe.start()
+    probe.join(timeout)
+    return outcome[0] if outcome else TimeoutError()
+
+
+def start_private_ray(
+    ray: Any,
+    settings: RayLauncherConfig,
+    resources: dict[str, float] | None = None,
+    state_api: bool = False,
+) -> None:
+    """Start a local Ray private to this process, retrying within ``settings.start_timeout_s``.
+
+    ``state_api``: start the dashboard too (on loopback), for callers that keep Ray running
+    after a Ray Train run is stopped (``convoy tune``): Ray Train's placement-group cleaner
+    needs its state API. A plain run stops its Ray at the end, which frees everything.
+    """
+    deadline = time.monotonic() + settings.start_timeout_s
+    for key in STARTUP_WAIT_VARIABLES:
+        os.environ.setdefault(key, str(int(settings.start_timeout_s)))
+    for key, value in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    # Ray starts its workers at nice 15; at the user's priority they compete with torchrun's.
+    os.environ.setdefault("RAY_worker_niceness", str(worker_niceness(settings)))
+    while True:
+        try:
+            with (
+                private_temp_dir() as temp_dir,
+                state_api_pinned(state_api) as dashboard_port,
+                silenced("ray._private.services"),  # its 20-line dump of a failed dashboard
+            ):
+                ray.init(
+                    num_cpus=os.cpu_count(),
+                    resources=resources or None,
+                    # None, not True: a dashboard that cannot start is said, not fatal.
+                    include_dashboard=None if state_api else False,
+                    dashboard_host="127.0.0.1",
+                    dashboard_port=dashboard_port,
+                    _temp_dir=temp_dir,
+                    logging_config=ray.LoggingConfig(log_level="ERROR"),
+                )
+            break
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                ray.shutdown()
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if time.monotonic() >= deadline:
+                raise LaunchError(
+                    f"scaling.ray.start_timeout_s: the embedded Ray did not start within "
+                    f"{settings.start_timeout_s:g} s ({first}); raise it on a busy machine, or "
+                    "start Ray once with `ray start --head` and let runs join it"
+                ) from None
+            print(f"convoy: Ray did not start ({first}); trying again", flush=True)
+    if state_api and not dashboard_running(ray):
+        logs = ray._private.worker._global_node.get_logs_dir_path()
+        print(
+            f"convoy: Ray's dashboard did not start within {settings.start_timeout_s:g} s "
+            f"(its log: {logs}/dashboard.log); training goes on without its state API, so a "
+            "trial stopped early keeps its CPUs until the sweep ends",
+            flush=True,
+        )
+    print(f"convoy: started a private Ray for this run; {ray_logs_note(ray)}", flush=True)
+
+
+@contextlib.contextmanager
+def silenced(logger_name: str) -> Iterator[None]:
+    """Drop every record of ``logger_name`` inside the block."""
+    logger = logging.getLogger(logger_name)
+    was = logger.disabled
+    logger.disabled = True
+    try:
+        yield
+    finally:
+        logger.disabled = was
+
+
+def worker_niceness(settings: RayLauncherConfig) -> int:
+    """The nice value train workers should run at: the recipe's, else this process's."""
+    if settings.worker_niceness is not None:
+        return settings.worker_niceness
+    return os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def set_process_niceness(niceness: int) -> str | None:
+    """Give every thread of this process (Linux keeps a nice value per thread) ``niceness``;
+    threads started later inherit it. Returns why not, in a few words, when it cannot."""
+    current = os.getpriority(os.PRIO_PROCESS, 0)
+    if current == niceness:
+        return None
+    try:
+        threads = [int(tid) for tid in os.listdir("/proc/self/task")]
+    except OSError:
+        threads = [0]
+    try:
+        for tid in threads:
+            with contextlib.suppress(ProcessLookupError):  # a thread that just ended
+                os.setpriority(os.PRIO_PROCESS, tid, niceness)
+    except PermissionError:
+        return (
+            f"they run at nice {current}; lowering it to {niceness} needs root or "
+            "CAP_SYS_NICE (or start the cluster's Ray with RAY_worker_niceness="
+            f"{niceness})"
+        )
+    return None
+
+
+def ray_logs_note(ray: Any) -> str:
+    """Where this process's Ray keeps its logs (for the run's log and bug reports)."""
+    node = ray._private.worker._global_node
+    return f"Ray at {node.gcs_address}, its logs in {node.get_logs_dir_path()}"
+
+
+def dashboard_running(ray: Any) -> bool:
+    """True if the connected Ray's dashboard registered its address (it is up)."""
+    from ray._private import ray_constants
+    from ray.experimental import internal_kv
+
+    return bool(
+        internal_kv._internal_kv_get(
+            ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD
+        )
+    )
+
+
+@contextlib.contextmanager
+def private_temp_dir() -> Iterator[str]:
+    """A temp folder of this process's own for a new Ray (Ray keeps its logs there after
+    shutdown, as it does in /tmp/ray). Short, because Ray puts Unix sockets inside it."""
+    root = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
+    path = root / f"convoy-{os.getpid()}-{secrets.token_hex(3)}"
+    path.mkdir(parents=True, exist_ok=True)
+    yield str(path)
+
+
+@contextlib.contextmanager
+def state_api_pinned(enabled: bool = True) -> Iterator[int | None]:
+    """Around starting an embedded Ray with a dashboard: a free dashboard port, named in the
+    environment the new Ray's processes inherit as ``RAY_API_SERVER_ADDRESS`` (and only
+    theirs: the variable is restored afterwards, so no process started later points at this
+    Ray by mistake). Yields None, and sets nothing, when ``enabled`` is False.
+
+    Ray Train's placement-group cleaner finds the state API through that variable, else by
+    looking for Ray on this machine, which fails when another Ray runs here too ("Found
+    multiple active Ray instances"): a stopped run's workers would then keep their CPUs. A
+    variable the user set is kept, and its port used.
+    """
+    if not enabled:
+        yield None
+        return
+    given = os.environ.get("RAY_API_SERVER_ADDRESS")
+    if given:
+        tail = given.rstrip("/").rpartition(":")[2]
+        yield int(tail) if tail.isdigit() else free_port()
+        return
+    port = free_port()
+    os.environ["RAY_API_SERVER_ADDRESS"] = f"http://127.0.0.1:{port}"
+    try:
+        yield port
+    finally:
+        os.environ.pop("RAY_API_SERVER_ADDRESS", None)
+
+
+# Actors whose output is the run's own: Ray Train's workers and Tune's function trials.
+SHOWN_ACTORS = ("RayTrainWorker", "ImplicitFunc")
+INFO_MARKER = ":info_message:"  # ray_constants.LOG_PREFIX_INFO_MESSAGE
+
+
+class RayOutputRouter:
+    """Where the driver sends the lines Ray forwards from its processes: train workers' and
+    trials' lines to the terminal as Ray prints them, every other line (Ray's controller,
+    autoscaler and helper actors, the raylet) to a log file, with its origin."""
+
+    def __init__(self, show: Callable[[dict[str, Any]], None], log_path: Path) -> None:
+        self._show = show
+        self._lock = threading.Lock()
+        self._log: TextIO | None = None
+        self.log_path = log_path
+
+    def __call__(self, data: dict[str, Any]) -> None:
+        lines = data.get("lines", [])
+        if str(data.get("actor_name") or "").startswith(SHOWN_ACTORS):
+            # Ray's own notes from inside a worker carry its info-message marker.
+            shown = [line for line in lines if INFO_MARKER not in line]
+            if shown:
+                self._show({**data, "lines": shown})
+            lines = [line for line in lines if INFO_MARKER in line]
+        if lines:
+            self._write(data, lines)
+
+    def _write(self, data: dict[str, Any], lines: list[str]) -> None:
+        origin = data.get("actor_name") or data.get("task_name") or ""
+        prefix = f"({origin} pid={data.get('pid')}, ip={data.get('ip')})"
+        with self._lock:
+            if self._log is None:
+                self.log_path.parent.mkdir(parents=True, exist_ok=True)
+                self._log = self.log_path.open("a", encoding="utf-8")
+            for line in lines:
+                self._log.write(f"{prefix} {line}\n")
+            self._log.flush()
+
+    def move_to(self, log_path: Path) -> None:
+        """Write the lines that come from now on to ``log_path``."""
+        self.close()
+        self.log_path = log_path
+
+    def close(self) -> None:
+        with self._lock:
+            if self._log is not None:
+                self._log.close()
+                self._log = None
+
+
+HANDLER_NAME = "ray_print_logs"  # the name under which ray.init registers its printer
+_router: RayOutputRouter | None = None  # this driver's, while connected
+
+
+def route_ray_output(ray: Any, log_path: Path | None = None) -> RayOutputRouter | None:
+    """Put a ``RayOutputRouter`` in front of Ray's printer of forwarded lines in this driver.
+
+    ``log_path`` defaults to ``ray-driver.log`` in the connected Ray's log folder. Returns
+    None when Ray forwards nothing to this driver (``log_to_driver=False``).
+    """
+    from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
+
+    printers = [handler for name, handler in dispatcher.handlers if name == HANDLER_NAME]
+    if not printers:
+        return None
+    if log_path is None:
+        log_path = Path(ray._private.worker._global_node.get_logs_dir_path()) / "ray-driver.log"
+    global _router
+    if _router is not None:
+        _router.close()
+    _router = RayOutputRouter(printers[0], log_path)
+    dispatcher.remove_handler(HANDLER_NAME)
+    dispatcher.add_handler(HANDLER_NAME, _router)
+    return _router
+
+
+def send_ray_output_to(log_path: Path) -> None:
+    """From now on, write Ray's own forwarded lines to ``log_path`` (a run's ``ray.log``)."""
+    if _router is not None:
+        _router.move_to(log_path)
