@@ -804,6 +804,27 @@ def job_from_dict(data: dict[str, Any]) -> Job:
         raise _to_config_error(exc, data) from None
 
 
+def job_from_saved(data: dict[str, Any], overrides: list[str] | None = None) -> Job:
+    """A job Convoy wrote itself (a checkpoint's ``meta.json``, an export's ``model.json``, a
+    run's ``config.yaml``), validated, with ``overrides`` applied after.
+
+    Every reader of a saved job goes through here, not ``job_from_dict``. Jobs saved before
+    the optimizer fields followed ``TORCH_DEFAULTS`` hold ``weight_decay``, ``momentum`` and
+    ``betas`` whatever ``optim.name`` is: ``momentum: 0.9`` under adamw, ``betas`` under sgd.
+    The optimizer never read the field it does not have, so it is dropped here, and the run
+    loads as it trained (its ``weight_decay`` was always written out). A recipe or an
+    override that sets such a field is still refused (``OptimConfig``).
+    """
+    saved = _deep_copy(data)
+    optim = saved.get("optim")
+    if isinstance(optim, dict):
+        own = TORCH_DEFAULTS.get(optim.get("name", OptimConfig.model_fields["name"].default))
+        if own is not None:  # an unknown name is left for validation to name
+            for key in {k for fields in TORCH_DEFAULTS.values() for k in fields} - own.keys():
+                optim.pop(key, None)
+    return job_from_dict(apply_overrides(saved, overrides or []))
+
+
 class RecipeLoader(yaml.SafeLoader):
     """YAML without YAML 1.1's base-60 numbers: ``1:4`` is the text "1:4" (an elastic range),
     not the number 64."""

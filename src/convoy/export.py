@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 
 from convoy.checkpoint import checkpoint_path, committed_checkpoints, local_copy, read_meta
-from convoy.config import Job, apply_overrides, job_from_dict
+from convoy.config import Job, job_from_saved
 from convoy.errors import ConvoyError
 from convoy.outputs import TOKENIZER_FILE
 from convoy.storage import RunStorage
@@ -52,7 +52,7 @@ def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = N
 
     name = find_checkpoint(run, checkpoint)
     meta = read_meta(run, name)
-    job = job_from_dict(meta["job"])  # the job that wrote this checkpoint
+    job = job_from_saved(meta["job"])  # the job that wrote this checkpoint
     model = _build(job, meta["data_shape"])
     state = {k: v.detach().clone() for k, v in model.state_dict().items()}
     # no_dist=True is the point here: DCP's warning that there is no process group is noise.
@@ -84,7 +84,7 @@ def load_exported(export_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
     from safetensors.torch import load_file
 
     description = json.loads((export_dir / MODEL_FILE).read_text())
-    job = job_from_dict(description["job"])
+    job = job_from_saved(description["job"])
     model = _build(job, description["data_shape"])
     model.load_state_dict(load_file(str(export_dir / WEIGHTS_FILE)))
     return model.eval(), description
@@ -104,7 +104,7 @@ def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> d
     model, description = load_exported(export_dir)
     # Overrides fix what moved since training, e.g. -o data.path=...; the recorded job is
     # checked only after they apply.
-    job = job_from_dict(apply_overrides(description["job"], overrides or []))
+    job = job_from_saved(description["job"], overrides)
     check_dataset(job.data)
     splits = load_splits(job.data)
     trained_on, found = description.get("data_fingerprint"), splits.meta.get("fingerprint")

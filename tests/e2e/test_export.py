@@ -6,10 +6,15 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
+import convoy
+from convoy.checkpoint import CHECKPOINT_DIR, META_FILE
 from convoy.cli import main
 from convoy.config import load_job
+from convoy.errors import ConfigError
 from convoy.export import MODEL_FILE, WEIGHTS_FILE, evaluate_exported, load_exported
+from convoy.outputs import CONFIG_FILE
 from convoy.testing import run_on_gloo, train_on_rank
 
 pytestmark = pytest.mark.e2e
@@ -55,3 +60,55 @@ def test_export_of_a_run_without_checkpoints_is_a_clear_error(
 ) -> None:
     assert main(["export", str(tmp_path / "nothing-here")]) == 2
     assert "has no committed checkpoints" in capsys.readouterr().err
+
+
+def _as_saved_before_torch_defaults(job: dict[str, object]) -> dict[str, object]:
+    """``job`` as Convoy wrote it before the optimizer fields followed torch's: adamw with
+    momentum and betas both written out."""
+    optim = dict(job["optim"])  # type: ignore[call-overload]
+    optim.update(weight_decay=0.05, momentum=0.9, betas=[0.9, 0.999])
+    return {**job, "optim": optim}
+
+
+def test_a_run_saved_before_torch_defaults_exports_and_evaluates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Its config.yaml, checkpoint meta.json and model.json hold momentum under adamw, which the
+    optimizer never read: export and evaluate load them, and leave the saved files as they were."""
+    job = load_job(
+        RECIPE,
+        [
+            "strategy.name=single",
+            "optim.weight_decay=0.05",
+            "run.epochs=1",
+            "run.name=old",
+            "run.progress=off",
+            f"run.storage_dir={tmp_path}",
+        ],
+    )
+    test_acc = convoy.train(job).summary["metrics"]["test/acc"]
+    config = job.run_dir / CONFIG_FILE
+    old = _as_saved_before_torch_defaults(yaml.safe_load(config.read_text()))
+    config.write_text(yaml.safe_dump(old, sort_keys=False))
+    (meta_file,) = (job.run_dir / CHECKPOINT_DIR).glob(f"*/{META_FILE}")
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps({**meta, "job": _as_saved_before_torch_defaults(meta["job"])}))
+    saved = {path: path.read_bytes() for path in (config, meta_file)}
+    with pytest.raises(ConfigError, match=r"^optim\.momentum: got 0\.9; set but optim\.name is"):
+        load_job(config)  # as a recipe it is still refused
+
+    out = tmp_path / "exported"
+    capsys.readouterr()
+    assert main(["export", str(job.run_dir), "--out", str(out)]) == 0
+    assert capsys.readouterr().out.startswith("exported step_")
+    optim = json.loads((out / MODEL_FILE).read_text())["job"]["optim"]
+    assert (optim["momentum"], optim["betas"], optim["weight_decay"]) == (None, [0.9, 0.999], 0.05)
+    assert {path: path.read_bytes() for path in saved} == saved
+
+    description = json.loads((out / MODEL_FILE).read_text())  # an export written before
+    description["job"] = _as_saved_before_torch_defaults(description["job"])
+    (out / MODEL_FILE).write_text(json.dumps(description))
+    assert main(["evaluate", str(out), "-o", "data.eval_batch_size=128"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    acc = next(line.split() for line in lines if line.startswith("test/acc "))
+    assert float(acc[1]) == pytest.approx(test_acc) and float(acc[2]) == pytest.approx(test_acc)

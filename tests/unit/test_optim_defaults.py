@@ -1,16 +1,25 @@
 """The optimizer's fields default to torch's for the chosen optimizer, a field it does not have
-is refused, and ``convoy train`` says first which optimizer and schedule it will use."""
+is refused (but dropped from a job Convoy saved before), and ``convoy train`` says first which
+optimizer and schedule it will use."""
 
 from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 
 from convoy.cli import main, optimizer_line
-from convoy.config import TORCH_DEFAULTS, OptimConfig, job_to_yaml, load_job
+from convoy.config import (
+    TORCH_DEFAULTS,
+    OptimConfig,
+    job_from_dict,
+    job_from_saved,
+    job_to_yaml,
+    load_job,
+)
 from convoy.errors import ConfigError
 
 TORCH_OPTIMIZERS = {"adamw": torch.optim.AdamW, "sgd": torch.optim.SGD}
@@ -69,6 +78,44 @@ def test_a_field_the_optimizer_lacks_is_refused(overrides: list[str], expected: 
     with pytest.raises(ConfigError) as error:
         load_job(None, overrides)
     assert str(error.value).startswith(expected)
+
+
+def saved_before_torch_defaults(name: str) -> dict[str, Any]:
+    """A job as runs saved it before the optimizer fields followed torch's: all three written
+    out whatever the optimizer (momentum under adamw, betas under sgd)."""
+    data = load_job(None, [f"optim.name={name}"]).model_dump(mode="json")
+    data["optim"].update(weight_decay=0.05, momentum=0.9, betas=[0.9, 0.999])
+    return data
+
+
+@pytest.mark.parametrize(
+    ("name", "lacks", "used"),
+    [
+        ("adamw", "momentum", {"betas": (0.9, 0.999), "weight_decay": 0.05}),
+        ("sgd", "betas", {"momentum": 0.9, "weight_decay": 0.05}),
+    ],
+)
+def test_a_saved_job_drops_the_field_its_optimizer_never_read(
+    name: str, lacks: str, used: dict[str, Any]
+) -> None:
+    data = saved_before_torch_defaults(name)
+    with pytest.raises(ConfigError, match=rf"^optim\.{lacks}: .* has no {lacks};"):
+        job_from_dict(data)  # as a recipe
+    job = job_from_saved(data)
+    assert job.optim.hyperparameters == used
+    assert getattr(job.optim, lacks) is None
+    assert data["optim"][lacks] is not None  # the caller's dict is left as it was
+    assert job_from_saved(job.model_dump(mode="json")) == job  # today's shape round-trips
+
+
+def test_overrides_on_a_saved_job_are_checked_like_a_recipes() -> None:
+    data = saved_before_torch_defaults("adamw")
+    assert job_from_saved(data, ["optim.lr=0.1"]).optim.lr == 0.1
+    with pytest.raises(ConfigError) as error:
+        job_from_saved(data, ["optim.momentum=0.5"])
+    assert str(error.value).startswith("optim.momentum: got 0.5; set but optim.name is 'adamw'")
+    with pytest.raises(ConfigError, match=r"^optim\.name: got 'lamb'"):
+        job_from_saved({"optim": {"name": "lamb", "momentum": 0.9}})
 
 
 def test_first_line_names_optimizer_schedule_and_defaults() -> None:
