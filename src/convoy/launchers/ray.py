@@ -18,7 +18,6 @@ import re
 import socket
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -40,6 +39,7 @@ from convoy.launchers.ray_local import (
     send_ray_output_to,
     set_process_niceness,
     start_private_ray,
+    use_token_if_available,
     user_started_cluster,
     worker_niceness,
 )
@@ -184,7 +184,6 @@ def join_cluster(ray: Any, address: str) -> None:
 
 # How long to wait for anything to accept a connection at RAY_ADDRESS before saying so.
 CONNECT_TIMEOUT_S = 5.0
-TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
 
 
 def check_reachable(address: str) -> None:
@@ -222,16 +221,8 @@ def check_reachable(address: str) -> None:
         ) from None
     if scheme == "ray":
         return  # Ray Client's server: its own handshake
-    if not os.environ.get("RAY_AUTH_MODE") and token_available():
-        os.environ["RAY_AUTH_MODE"] = "token"
+    use_token_if_available()
     probe_gcs(address)
-
-
-def token_available() -> bool:
-    """True if Ray would find an authentication token on this machine."""
-    if any(os.environ.get(name) for name in TOKEN_VARIABLES):
-        return True
-    return (Path.home() / ".ray" / "auth_token").is_file()
 
 
 # How long a GCS may take to answer the probe; a real one answers in milliseconds.
@@ -316,9 +307,8 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
     ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller."""
     from ray.train import DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
-    from ray.train.torch import TorchTrainer
 
-    from convoy.launchers.ray_torch import NodeInterfaceTorchConfig
+    from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
 
     storage_path, _, name = job.run_uri.rpartition("/")
     config: dict[str, Any] = {
@@ -337,7 +327,7 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
             "datasets": plan.datasets,
             "dataset_config": DataConfig(datasets_to_split=["train"]),
         }
-    return TorchTrainer(
+    return ConvoyTorchTrainer(
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,
@@ -354,7 +344,8 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
             resources_per_worker=worker_resources(job),
             elastic_resize_monitor_interval_s=job.scaling.elastic_monitor_interval_s,
         ),
-        run_config=RunConfig(
+        # mypy sees V1's RunConfig; V2's (exported by Ray 2.60) takes logging_config.
+        run_config=RunConfig(  # type: ignore[call-arg]
             name=name,
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=job.scaling.max_failures),

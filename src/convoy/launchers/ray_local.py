@@ -88,10 +88,31 @@ def gcs_problem(address: str, timeout: float) -> str | None:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except (OSError, ValueError) as exc:
         return f"nothing accepts connections there: {getattr(exc, 'strerror', None) or exc}"
+    use_token_if_available()
     error = probe_gcs_client(address, timeout)
     if error is None or type(error).__name__ == "AuthenticationError":
         return None  # it answers (a token problem is reported when joining it)
     return f"it accepts connections but does not answer as a Ray GCS ({type(error).__name__})"
+
+
+TOKEN_VARIABLES = ("RAY_AUTH_TOKEN", "RAY_AUTH_TOKEN_PATH")
+
+
+def use_token_if_available() -> None:
+    """Join clusters with token authentication when this machine has a token, as
+    ``ray.init("auto")`` does."""
+    if not os.environ.get("RAY_AUTH_MODE") and token_available():
+        from ray._raylet import Config  # type: ignore[attr-defined]
+
+        os.environ["RAY_AUTH_MODE"] = "token"
+        Config.initialize("")  # Ray caches its config at import; make it read the mode again
+
+
+def token_available() -> bool:
+    """True if Ray would find an authentication token on this machine."""
+    if any(os.environ.get(name) for name in TOKEN_VARIABLES):
+        return True
+    return (Path.home() / ".ray" / "auth_token").is_file()
 
 
 def probe_gcs_client(address: str, timeout: float) -> BaseException | None:
@@ -162,7 +183,7 @@ def start_private_ray(
                     "start Ray once with `ray start --head` and let runs join it"
                 ) from None
             print(f"convoy: Ray did not start ({first}); trying again", flush=True)
-    if state_api and not dashboard_running(ray):
+    if state_api and not state_api_running():
         logs = ray._private.worker._global_node.get_logs_dir_path()
         print(
             f"convoy: Ray's dashboard did not start within {settings.start_timeout_s:g} s "
@@ -221,16 +242,31 @@ def ray_logs_note(ray: Any) -> str:
     return f"Ray at {node.gcs_address}, its logs in {node.get_logs_dir_path()}"
 
 
-def dashboard_running(ray: Any) -> bool:
-    """True if the connected Ray's dashboard registered its address (it is up)."""
+def state_api_running(timeout: float = 5.0) -> bool:
+    """True if the connected Ray's dashboard serves the state API.
+
+    A Ray started without the dashboard still runs a minimal one (usage statistics only)
+    that registers its address, so the address alone does not tell; its state endpoint does.
+    """
+    import urllib.error
+    import urllib.request
+
     from ray._private import ray_constants
     from ray.experimental import internal_kv
 
-    return bool(
-        internal_kv._internal_kv_get(
-            ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD
-        )
+    address = internal_kv._internal_kv_get(
+        ray_constants.DASHBOARD_ADDRESS, namespace=ray_constants.KV_NAMESPACE_DASHBOARD
     )
+    if not address:
+        return False
+    url = f"http://{address.decode()}/api/v0/actors?limit=1"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout):
+            return True
+    except urllib.error.HTTPError as exc:
+        return exc.code != 404  # 401/403: there, behind the cluster's authentication
+    except OSError:
+        return False
 
 
 @contextlib.contextmanager

@@ -14,7 +14,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
-from ray.train.torch import TorchConfig
+from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
 
 from convoy.network import socket_interface_env
@@ -42,3 +42,28 @@ class NodeInterfaceTorchConfig(TorchConfig):
     @property
     def backend_cls(self) -> type:
         return _NodeInterfaceBackend
+
+
+class ConvoyTorchTrainer(TorchTrainer):
+    """Ray Train's ``TorchTrainer``, without its placement-group cleaner where Ray has no
+    state API (no full dashboard).
+
+    The cleaner is a detached actor that asks the dashboard's state API every second whether
+    the run's controller is alive, to free the workers' placement group if the controller
+    dies while Ray keeps running. Without a dashboard each question waits out its 10 s
+    timeout, and the controller waits 12 s for the cleaner to stop at the end of every run.
+    A private Ray without a dashboard is stopped with its run, which frees everything.
+    """
+
+    def _create_default_callbacks(self) -> list[Any]:
+        from ray.train.v2._internal.callbacks.placement_group_callback import (
+            PlacementGroupCleanerCallback,
+        )
+
+        from convoy.launchers.ray_local import state_api_running
+
+        # mypy sees Train V1's TorchTrainer; Ray 2.60 exports V2's, which has this method.
+        callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
+        if state_api_running():
+            return callbacks
+        return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
