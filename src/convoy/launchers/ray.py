@@ -328,6 +328,7 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
             "dataset_config": DataConfig(datasets_to_split=["train"]),
         }
     return ConvoyTorchTrainer(
+        prometheus=job.monitor.prometheus,
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,

@@ -45,17 +45,27 @@ class NodeInterfaceTorchConfig(TorchConfig):
 
 
 class ConvoyTorchTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer``, without its placement-group cleaner where Ray has no
-    state API (no full dashboard).
+    """Ray Train's ``TorchTrainer``, without the helpers that only serve a dashboard where Ray
+    has none (a private local Ray, a cluster started without one).
 
-    The cleaner is a detached actor that asks the dashboard's state API every second whether
-    the run's controller is alive, to free the workers' placement group if the controller
-    dies while Ray keeps running. Without a dashboard each question waits out its 10 s
-    timeout, and the controller waits 12 s for the cleaner to stop at the end of every run.
-    A private Ray without a dashboard is stopped with its run, which frees everything.
+    - The placement-group cleaner is a detached actor that asks the dashboard's state API
+      every second whether the run's controller is alive, to free the workers' placement
+      group if the controller dies while Ray keeps running. Without a state API each question
+      waits out its 10 s timeout, and the controller waits 12 s for the cleaner to stop at the
+      end of every run. A private Ray is stopped with its run, which frees everything.
+    - Ray Train's own metrics (controller and worker callbacks) feed the dashboard's Grafana
+      panels; they are kept when the run exports Prometheus metrics (``monitor.prometheus``).
     """
 
+    def __init__(self, *args: Any, prometheus: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._prometheus = prometheus
+
     def _create_default_callbacks(self) -> list[Any]:
+        from ray.train.v2._internal.callbacks.metrics import (
+            ControllerMetricsCallback,
+            WorkerMetricsCallback,
+        )
         from ray.train.v2._internal.callbacks.placement_group_callback import (
             PlacementGroupCleanerCallback,
         )
@@ -66,4 +76,7 @@ class ConvoyTorchTrainer(TorchTrainer):
         callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
         if state_api_running():
             return callbacks
-        return [c for c in callbacks if not isinstance(c, PlacementGroupCleanerCallback)]
+        dropped: tuple[type, ...] = (PlacementGroupCleanerCallback,)
+        if not self._prometheus:
+            dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
+        return [c for c in callbacks if not isinstance(c, dropped)]

@@ -1,0 +1,269 @@
+"""One machine, many runs: each ``convoy`` command gets its own Ray, a Ray a user started is
+joined and outlives the run, a dead one is noticed in seconds, and a busy machine neither
+stops nor starves a run.
+
+Every command runs as a user would start it (``python -m convoy`` / ``make run``, a separate
+process with an embedded Ray of its own), with Ray's temp folder in a short private folder
+(``RAY_TMPDIR``) so a head this test starts is visible to this test's runs only, and every
+process it starts is ended by the folder's name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from convoy.distributed import free_port
+
+pytestmark = [pytest.mark.e2e, pytest.mark.ray]
+REPO = Path(__file__).resolve().parents[2]
+# digits_mlp on Ray, two workers: a run of a few seconds once its Ray is up.
+SMALL_RUN = [
+    str(REPO / "recipes" / "digits_mlp.yaml"),
+    "-o", "scaling.launcher=ray",
+    "-o", "scaling.num_workers=2",
+    "-o", "run.epochs=1",
+    "-o", "run.progress=plain",
+    "-o", "checkpoint.every_epochs=null",
+]  # fmt: skip
+RUN_TIMEOUT_S = 600  # a guard against a hang, not a measurement
+
+
+@pytest.fixture(scope="module")
+def ray_tmp() -> Iterator[Path]:
+    """A short private Ray temp folder (Ray puts Unix sockets under it); on exit, every
+    process whose command line names it is ended, and it is removed."""
+    folder = Path(tempfile.mkdtemp(prefix="cvy", dir="/tmp"))
+    yield folder
+    end_processes_naming(str(folder))
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def end_processes_naming(text: str) -> None:
+    """SIGKILL every process whose command line contains ``text`` (this test's Ray only)."""
+    for pid in pids_matching(lambda cmdline: text in cmdline):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def pids_matching(accept: Any) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        if accept(cmdline):
+            found.append(int(entry.name))
+    return found
+
+
+def parent_of(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat.rsplit(")", 1)[1].split()[1])
+
+
+def ancestors(pid: int) -> list[int]:
+    chain = []
+    while pid > 1:
+        try:
+            pid = parent_of(pid)
+        except (OSError, ValueError):
+            break
+        chain.append(pid)
+    return chain
+
+
+def train_workers() -> dict[int, list[int]]:
+    """Every live Ray Train worker on this machine, with its ancestors."""
+    return {pid: ancestors(pid) for pid in pids_matching(lambda c: "ray::RayTrainWorker" in c)}
+
+
+def niceness(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def env_for(ray_tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
+    env.pop("RAY_API_SERVER_ADDRESS", None)
+    return {**env, "RAY_TMPDIR": str(ray_tmp), "PYTHONUNBUFFERED": "1"}
+
+
+def convoy(ray_tmp: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "convoy", *args],
+        env=env_for(ray_tmp),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def finish(process: subprocess.Popen[str]) -> str:
+    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert process.returncode == 0, output
+    assert "Traceback" not in output, output
+    return output
+
+
+def summary_of(output: str) -> dict[str, Any]:
+    run_dir = next(
+        line.split("run dir: ", 1)[1] for line in output.splitlines() if "run dir: " in line
+    )
+    return json.loads((Path(run_dir.strip()) / "summary.json").read_text())
+
+
+def same_metrics(a: dict[str, Any], b: dict[str, Any]) -> None:
+    assert a["metrics"] == pytest.approx(b["metrics"], rel=1e-6)
+
+
+def own_ray(output: str) -> str:
+    """The address of the private Ray a run says it started."""
+    line = next(x for x in output.splitlines() if "started a private Ray for this run" in x)
+    return line.split("Ray at ", 1)[1].split(",", 1)[0]
+
+
+@pytest.fixture(scope="module")
+def alone(ray_tmp: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The small run, alone on this machine: the metrics every shared run must match."""
+    storage = tmp_path_factory.mktemp("alone")
+    output = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={storage}"))
+    return summary_of(output)
+
+
+def start_head(ray_tmp: Path) -> str:
+    """``ray start --head`` as a user would (no dashboard, to keep it light): its address."""
+    port = free_port()
+    command = [str(Path(sys.executable).parent / "ray"), "start", "--head", f"--port={port}"]
+    options = ["--num-cpus=2", "--include-dashboard=false", "--disable-usage-stats"]
+    done = subprocess.run(
+        [*command, *options], env=env_for(ray_tmp), capture_output=True, text=True, timeout=180
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return (ray_tmp / "ray" / "ray_current_cluster").read_text().strip()
+
+
+def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
+    ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
+) -> None:
+    address = start_head(ray_tmp)
+    joined = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path}"))
+    assert f"joining the Ray started on this machine at {address}" in joined
+    same_metrics(summary_of(joined), alone)
+    head = pids_matching(lambda c: "gcs_server" in c and str(ray_tmp) in c)
+    assert head, "the head stopped with the run"
+    # The head is killed without `ray stop`: Ray's address file still names it.
+    end_processes_naming(str(ray_tmp / "ray" / "session_"))
+    assert (ray_tmp / "ray" / "ray_current_cluster").read_text().strip() == address
+    fresh = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path}"))
+    stale = [line for line in fresh.splitlines() if address in line]
+    assert len(stale) == 1 and "is not running" in stale[0], fresh
+    assert own_ray(fresh) != address
+    same_metrics(summary_of(fresh), alone)
+
+
+def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> dict[str, dict[int, int]]:
+    """Until every process ends: the train workers that descend from each process, with the
+    nice value each was last seen at. No worker may descend from two of them."""
+    seen: dict[str, dict[int, int]] = {name: {} for name in processes}
+    strangers: list[tuple[int, list[int]]] = []
+    while any(p.poll() is None for p in processes.values()):
+        for worker, chain in train_workers().items():
+            owners = [name for name, p in processes.items() if p.pid in chain]
+            if len(owners) > 1:
+                strangers.append((worker, chain))
+            for owner in owners:
+                with contextlib.suppress(OSError):  # it ended meanwhile
+                    seen[owner][worker] = niceness(worker)
+        time.sleep(0.2)
+    assert not strangers, strangers
+    return seen
+
+
+def test_two_runs_started_together_each_train_on_their_own_ray(
+    ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
+) -> None:
+    sensors = [str(REPO / "recipes" / "sensor_basicmotions.yaml"), "-o", "run.epochs=5"]
+    storage = ["-o", f"run.storage_dir={tmp_path}"]
+    runs = {
+        "digits": convoy(ray_tmp, "train", *SMALL_RUN, *storage),
+        "sensors": convoy(ray_tmp, "train", *sensors, *storage),
+    }
+    workers = watch_workers(runs)
+    outputs = {name: finish(process) for name, process in runs.items()}
+    # Each run's train workers are processes of its own Ray, which the run names.
+    assert len(workers["digits"]) == 2 and len(workers["sensors"]) == 2, workers
+    assert own_ray(outputs["digits"]) != own_ray(outputs["sensors"])
+    assert not any("joining" in output for output in outputs.values())
+    same_metrics(summary_of(outputs["digits"]), alone)
+    alone_sensors = finish(convoy(ray_tmp, "train", *sensors, *storage))
+    same_metrics(summary_of(outputs["sensors"]), summary_of(alone_sensors))
+
+
+def test_a_run_started_during_a_sweep_keeps_to_its_own_ray(
+    ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
+) -> None:
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {grid: [3.0e-3, 1.0e-3]}\n")
+    sweep = convoy(
+        ray_tmp,
+        "tune", *SMALL_RUN, "--space", str(space), "--name", "s", "--scheduler", "none",
+        "--samples", "1", "--max-concurrent", "1", "-o", f"run.storage_dir={tmp_path}",
+    )  # fmt: skip
+    assert sweep.stdout is not None
+    head = [next(sweep.stdout) for _ in range(3)]
+    while not any("convoy: sweep s:" in line for line in head):
+        head.append(next(sweep.stdout))
+    run = convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path / 'run'}")
+    workers = watch_workers({"sweep": sweep, "run": run})
+    swept = "".join(head) + finish(sweep)
+    trained = finish(run)
+    assert workers["run"] and workers["sweep"], workers
+    assert own_ray(trained) not in swept
+    same_metrics(summary_of(trained), alone)
+
+
+@pytest.fixture
+def busy_cores() -> Iterator[None]:
+    """Two processes spinning at the user's priority: both cores of this machine busy."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    yield
+    for spinner in spinners:
+        spinner.kill()
+        spinner.wait()
+
+
+def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_tracebacks(
+    ray_tmp: Path, tmp_path: Path, busy_cores: None
+) -> None:
+    recipe = yaml.safe_load((REPO / "recipes" / "default.yaml").read_text())
+    recipe["run"].update({"epochs": 2, "storage_dir": str(tmp_path)})
+    (tmp_path / "default.yaml").write_text(yaml.safe_dump(recipe))
+    make = subprocess.Popen(
+        ["make", "-s", "run", f"RECIPE={tmp_path / 'default.yaml'}"],
+        cwd=REPO,
+        env=env_for(ray_tmp),
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    workers = watch_workers({"make": make})["make"]
+    output = finish(make)
+    assert "epoch 2/2" in output and "run dir:" in output, output
+    # Ray's default would be nice 15: a quarter of a fair share against the spinners.
+    assert len(workers) == 2 and set(workers.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}
