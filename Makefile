@@ -3,24 +3,44 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed
 RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?=
 
 export RAY_USAGE_STATS_ENABLED := 0
 
-.PHONY: install run test lint format bench clean envtest-build
+.PHONY: install install-run dev run test lint format bench clean envtest-build
+
+# Two installs, each with its own stamp, redone when pyproject.toml or constraints.txt change.
+# `make run` installs the core and Ray only: all the default job needs. `make dev`, `make test`
+# and `make lint` install every extra; that install also stands for `make run`'s, so `make run`
+# after `make test` installs nothing. A command whose extra is missing names its install line.
+RUN_EXTRAS := ray
+DEV_EXTRAS := ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune
+RUN_STAMP := $(VENV)/.installed-run
+STAMP := $(VENV)/.installed
+NEW_VENV := (test -x $(PY) || $(PYTHON) -m venv $(VENV)) && $(PY) -m pip install --quiet --upgrade pip
+PIP_INSTALL := $(PY) -m pip install --quiet -c constraints.txt -e
+# The full install is current (a .venv made by `make test` before `make run` had a stamp).
+FULL_CURRENT := [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]
+
+install-run: $(RUN_STAMP)
+
+$(RUN_STAMP): pyproject.toml constraints.txt
+	@$(FULL_CURRENT) || { set -x; $(NEW_VENV) && $(PIP_INSTALL) ".[$(RUN_EXTRAS)]"; }
+	@touch $(RUN_STAMP)
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml constraints.txt
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -c constraints.txt -e ".[ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune]"
-	touch $(STAMP)
+	$(NEW_VENV)
+	$(PIP_INSTALL) ".[$(DEV_EXTRAS)]"
+	touch $(STAMP) $(RUN_STAMP)
+
+## dev: install every extra (tests, lint, plots, tracking, Lightning, Optuna, k8s, text, sensors)
+dev: install
 
 ## run: train the default recipe (ViT on digits, ddp, 2 workers on an embedded local Ray)
-run: install
+run: install-run
 	$(VENV)/bin/convoy train $(RECIPE)
 
 ## lint: ruff (lint + format check) and mypy

@@ -1,9 +1,17 @@
-"""The user's own code by import path: ``package.module:attribute`` for models, data and
-tasks, with one-line errors that name the config field."""
+"""Imports that can fail: the user's own code by import path (``package.module:attribute``
+for models, data and tasks, with one-line errors that name the config field), and the optional
+packages of Convoy's extras (``missing_extra``: the one line that says how to install one).
+
+``make run`` installs the core and the ``ray`` extra only; every other extra (``plot``,
+``tracking``, ``text``, ``sensors``, ``k8s``, ``lightning``, ``tune``, ``s3``) is installed by
+``make dev`` / ``make test`` or by hand, so each feature that needs one checks for it before
+any worker starts and says the exact install line.
+"""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 from typing import Any
 
 from convoy.errors import ConfigError
@@ -29,3 +37,27 @@ def import_attribute(field: str, path: str, form: str) -> Any:
     if not hasattr(module, attr):
         raise ConfigError(field, path, f"module {module_name} has no attribute {attr!r}")
     return getattr(module, attr)
+
+
+CHECKOUT_TARGETS = {"ray": "make run"}
+"""The make target that installs an extra into a checkout's ``.venv`` (any other: make dev)."""
+
+
+def missing_extra(what: str, package: str, extra: str) -> str:
+    """The one line that says ``what`` needs ``package``, which is not installed, and the exact
+    command that installs the extra that brings it, e.g. ``convoy report needs matplotlib (the
+    'plot' extra): pip install 'convoy[plot]' (in a checkout: make dev)``."""
+    target = CHECKOUT_TARGETS.get(extra, "make dev")
+    return (
+        f"{what} needs {package} (the {extra!r} extra): "
+        f"pip install 'convoy[{extra}]' (in a checkout: {target})"
+    )
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without importing it. A module set to
+    ``None`` in ``sys.modules`` (how tests simulate a missing package) counts as missing."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a missing parent package; a module without a spec
+        return False

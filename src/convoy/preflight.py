@@ -5,13 +5,16 @@ export on another machine, a worker). ``preflight`` is the one place that touche
 world before any worker starts: the task, model and data factories import; the data loads;
 the task accepts the data; the model, built on the meta device (no memory, any size), runs on
 one real batch and its output fits the task (classes, vocabulary, context length);
-``checkpoint.best_metric`` is a metric the task reports. Every failure is one
-``ConfigError`` naming the field and value.
+``checkpoint.best_metric`` is a metric the task reports; a tracking sink whose library is not
+installed is off (``resolve_tracking``). Every failure is one ``ConfigError`` naming the field
+and value.
 """
 
 from __future__ import annotations
 
 import difflib
+import importlib
+import sys
 from typing import Any
 
 import torch
@@ -21,6 +24,7 @@ from convoy.batches import move_to
 from convoy.config import Job
 from convoy.data.base import Splits
 from convoy.errors import ConfigError, ConvoyError, one_of
+from convoy.imports import installed
 from convoy.tasks import Task, build_task
 
 # Sources the ray_data loader can stream (image classification).
@@ -35,6 +39,7 @@ def preflight(job: Job) -> Job:
     A ``lightning:`` job brings its own module and data: the task, model and data fields are
     not used, and Lightning's checks (``convoy.integrations.lightning_checks``) run instead.
     """
+    job = resolve_tracking(job)
     if job.lightning.enabled:
         from convoy.integrations.lightning_checks import check_lightning
 
@@ -53,6 +58,36 @@ def preflight(job: Job) -> Job:
     job = resolve_best_mode(job, task, splits)
     check_model_fits(job, task, splits, sample)
     return job
+
+
+def resolve_tracking(job: Job, say: bool = True) -> Job:
+    """``job`` with each tracking sink whose library is not installed here switched off, so no
+    worker tries it: said in one line (with the install line; unless ``say`` is false) where
+    the recipe turned the sink on, quietly where only the default did (TensorBoard is on by
+    default where the ``tracking`` extra is installed; ``make run`` installs the core and Ray)."""
+    from convoy.engine.sinks import TRACKING_SINKS
+
+    for switch, module_name in TRACKING_SINKS:
+        *sections, name = switch.split(".")
+        section: Any = job
+        for part in sections:
+            section = getattr(section, part)
+        if not getattr(section, name):
+            continue
+        sink = importlib.import_module(module_name)
+        if installed(sink.PACKAGE):
+            continue
+        if say and name in section.model_fields_set:
+            print(f"convoy: {switch} is on but the sink is off: {sink.MISSING}", file=sys.stderr)
+        job = _with_field(job, switch.split("."), False)
+    return job
+
+
+def _with_field(model: Any, path: list[str], value: Any) -> Any:
+    """A copy of the pydantic ``model`` with the field at ``path`` set to ``value``."""
+    head, *rest = path
+    new = _with_field(getattr(model, head), rest, value) if rest else value
+    return model.model_copy(update={head: new})
 
 
 def check_task_data(job: Job, task: Task, splits: Splits) -> None:

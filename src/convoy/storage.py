@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from convoy.errors import ConfigError, ConvoyError
+from convoy.imports import missing_extra
 
 REMOTE_SCHEMES = ("s3://",)
 T = TypeVar("T")
@@ -171,7 +172,7 @@ class S3Storage(RunStorage):
             import pyarrow.fs as pafs
         except ImportError:
             raise ConvoyError(
-                f"run.storage_dir: got {uri!r}, which needs pyarrow; pip install 'convoy[s3]'"
+                f"run.storage_dir: got {uri!r}; {missing_extra('an s3:// run', 'pyarrow', 's3')}"
             ) from None
         self.uri = uri.rstrip("/")
         self._pafs = pafs

@@ -144,4 +144,7 @@ def test_ray_launcher_without_ray_says_how_to_install(tmp_path: Path) -> None:
         [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 2
-    assert "Ray is not installed" in result.stderr and "'local' / 'torchrun'" in result.stderr
+    assert result.stderr.strip() == (
+        "convoy: error: scaling.launcher: got 'ray'; the ray launcher needs ray (the 'ray' "
+        "extra): pip install 'convoy[ray]' (in a checkout: make run), or use 'local' / 'torchrun'"
+    )

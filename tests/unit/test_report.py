@@ -236,7 +236,8 @@ def test_missing_matplotlib_is_one_clear_line(
     code, _, err = report([str(write_run(tmp_path, "exp"))], capsys)
     assert code == 2
     assert err.strip() == (
-        "convoy: error: convoy report needs matplotlib: pip install 'convoy[plot]'"
+        "convoy: error: convoy report needs matplotlib (the 'plot' extra): "
+        "pip install 'convoy[plot]' (in a checkout: make dev)"
     )
 
 

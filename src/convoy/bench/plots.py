@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 from convoy.errors import ConfigError, ConvoyError
+from convoy.imports import missing_extra
 
 
 def pyplot() -> Any:
@@ -14,9 +15,7 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise ConvoyError(
-            "--plot: matplotlib is not installed; pip install 'convoy[plot]'"
-        ) from None
+        raise ConvoyError(missing_extra("--plot", "matplotlib", "plot")) from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -100,6 +100,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check everything, run the sweep, print the ranked table and write the outputs."""
+    from convoy.preflight import resolve_tracking
     from convoy.tune.results import (
         best_row,
         collect_rows,
@@ -140,7 +141,7 @@ def run(args: argparse.Namespace) -> int:
         )
     print(f"results: {write_results(sweep, outcome, rows)}")
     print(write_sweep_report(sweep, rows))
-    if sweep.base.tracking.tensorboard:
+    if resolve_tracking(sweep.base, say=False).tracking.tensorboard:
         where = f"tensorboard --logdir {sweep.sweep_dir} (each trial's run dir has its own)"
         print(f"tensorboard: {where}")
     if outcome.interrupted:

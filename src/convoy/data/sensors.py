@@ -23,6 +23,7 @@ from convoy.config import DataConfig
 from convoy.data.base import Splits, hold_out
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, ConvoyError
+from convoy.imports import missing_extra
 
 CHANNELS = ("accel_x", "accel_y", "accel_z", "gyro_x", "gyro_y", "gyro_z")
 
@@ -32,10 +33,7 @@ def _read_basicmotions() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray
     try:
         from sktime.datasets import load_basic_motions
     except ImportError:
-        raise ConvoyError(
-            "data.name 'basicmotions' reads the UEA files bundled with sktime: "
-            "pip install 'convoy[sensors]'"
-        ) from None
+        raise ConvoyError(missing_extra("data.name 'basicmotions'", "sktime", "sensors")) from None
     x_train, y_train = load_basic_motions(split="TRAIN", return_type="numpy3D")
     x_test, y_test = load_basic_motions(split="TEST", return_type="numpy3D")
     return x_train, np.asarray(y_train), x_test, np.asarray(y_test)

@@ -41,6 +41,7 @@ from convoy.config import DataConfig
 from convoy.data.base import Splits
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, ConvoyError, DataError
+from convoy.imports import missing_extra
 
 IGNORE_INDEX = -100
 PAD_ID = 0
@@ -219,8 +220,8 @@ class BPETokenizer:
             from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
         except ImportError:
             raise ConvoyError(
-                "data.tokenizer 'bpe' needs HuggingFace tokenizers: pip install 'convoy[text]' "
-                "(or use data.tokenizer: bytes)"
+                missing_extra("data.tokenizer 'bpe'", "tokenizers", "text")
+                + ", or use data.tokenizer: bytes"
             ) from None
         alphabet = pre_tokenizers.ByteLevel.alphabet()
         self.tokenizer = Tokenizer(models.BPE())

@@ -17,10 +17,8 @@ from typing import Any
 
 from convoy.config import Job
 from convoy.errors import ConfigError, one_of
-from convoy.imports import import_attribute
+from convoy.imports import import_attribute, missing_extra
 from convoy.storage import is_remote
-
-INSTALL_HINT = "pip install 'convoy[lightning]'"
 
 OWNED_TRAINER_KWARGS = {
     "accelerator": "scaling.use_gpu",
@@ -100,21 +98,22 @@ def check_extensions(kwargs: dict[str, Any], run_dir: str) -> None:
             check_kwargs(spec.field + ".kwargs", cls, given)
 
 
-def import_lightning() -> Any:
-    """``lightning``, or a ConfigError naming the extra that installs it."""
+def import_lightning(module: str | None) -> Any:
+    """``lightning``, or a ConfigError on ``lightning.module`` naming the extra that installs
+    it."""
     try:
         import lightning
     except ImportError:
         raise ConfigError(
-            "lightning.module", None, f"Lightning is not installed; {INSTALL_HINT}"
+            "lightning.module", module, missing_extra("a LightningModule", "lightning", "lightning")
         ) from None
     return lightning
 
 
 def check_lightning(job: Job) -> None:
     """Everything about ``job.lightning`` that can be checked before workers start."""
-    lightning = import_lightning()
     cfg = job.lightning
+    lightning = import_lightning(cfg.module)
     assert cfg.module is not None
     module_class = load_class("lightning.module", cfg.module, lightning.LightningModule)
     check_kwargs("lightning.module_kwargs", module_class, cfg.module_kwargs)

@@ -44,6 +44,7 @@ from convoy.engine.events import (
     StragglerEvent,
 )
 from convoy.engine.sinks import SinkUnavailable
+from convoy.imports import missing_extra
 from convoy.integrations.scalars import (
     epoch_scalars,
     eval_scalars,
@@ -68,7 +69,12 @@ HTTP_LIMITS = {
 }
 QUIET_LOGGERS = ("urllib3.connectionpool", "mlflow.store.db.utils", "alembic")
 """A retry's warning and a new SQLite store's "creating tables" lines."""
-INSTALL_HINT = "pip install 'convoy[tracking]'"
+PACKAGE = "mlflow"
+MISSING = (
+    f"{missing_extra('the MLflow sink', PACKAGE, 'tracking')}, "
+    "or set tracking.mlflow.enabled: false"
+)
+"""Why the sink is off where MLflow is not installed (``convoy.preflight`` says it)."""
 T = TypeVar("T")
 
 
@@ -275,10 +281,8 @@ def read_run_record(run: str | Path) -> dict[str, str] | None:
 def _import_client() -> Any:
     try:
         from mlflow.tracking import MlflowClient
-    except ImportError as exc:
-        raise SinkUnavailable(
-            f"MLflow is not installed ({exc}); {INSTALL_HINT} or set tracking.mlflow.enabled: false"
-        ) from None
+    except ImportError:
+        raise SinkUnavailable(MISSING) from None
     return MlflowClient
 
 

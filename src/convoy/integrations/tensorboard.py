@@ -33,6 +33,7 @@ from convoy.engine.events import (
     StragglerEvent,
 )
 from convoy.engine.sinks import SinkUnavailable
+from convoy.imports import missing_extra
 from convoy.integrations.scalars import (
     epoch_scalars,
     eval_scalars,
@@ -42,17 +43,20 @@ from convoy.integrations.scalars import (
 from convoy.storage import RunStorage
 
 TENSORBOARD_DIR = "tensorboard"
+PACKAGE = "tensorboard"
+MISSING = (
+    f"{missing_extra('the TensorBoard sink', PACKAGE, 'tracking')}, "
+    "or set tracking.tensorboard: false"
+)
+"""Why the sink is off where TensorBoard is not installed (``convoy.preflight`` says it)."""
 
 
 def build(job: Job, ctx: WorkerContext) -> Sink:
     """A TensorBoard sink writing into the run directory (``s3://`` runs stage locally)."""
     try:
         from torch.utils.tensorboard import SummaryWriter
-    except ImportError as exc:
-        raise SinkUnavailable(
-            f"TensorBoard is not installed ({exc}); pip install 'convoy[tracking]' or set "
-            "tracking.tensorboard: false"
-        ) from None
+    except ImportError:
+        raise SinkUnavailable(MISSING) from None
     storage = RunStorage.at(job.run_uri)
     local = storage.local_path(TENSORBOARD_DIR)
     if local is not None:

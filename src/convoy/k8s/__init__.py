@@ -20,6 +20,7 @@ import importlib
 from typing import Any
 
 from convoy.errors import ConvoyError
+from convoy.imports import missing_extra
 
 
 class K8sError(ConvoyError):
@@ -31,7 +32,10 @@ def require(module: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError:
-        raise K8sError(
-            f"convoy k8s needs the Python package {module.split('.')[0]!r}, which is not "
-            "installed; pip install 'convoy[k8s]' (kubernetes, jsonschema, cel-python)"
-        ) from None
+        package = module.split(".")[0]
+        package = PACKAGES.get(package, package)
+        raise K8sError(missing_extra("convoy k8s", package, "k8s")) from None
+
+
+PACKAGES = {"celpy": "cel-python"}
+"""The pip name of a module of the ``k8s`` extra, where it differs."""

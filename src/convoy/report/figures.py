@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from convoy.imports import missing_extra
 from convoy.outputs import METRICS_FILE, SUMMARY_FILE
 from convoy.report.runs import (
     PERCENT_METRICS,
@@ -72,7 +73,7 @@ def _figure_class() -> Any:
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise ReportError("convoy report needs matplotlib: pip install 'convoy[plot]'") from None
+        raise ReportError(missing_extra("convoy report", "matplotlib", "plot")) from None
     return Figure
 
 

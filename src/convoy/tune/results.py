@@ -226,12 +226,11 @@ def _has_records(path: Path) -> bool:
 def write_sweep_report(sweep: Sweep, rows: list[TrialRow]) -> str:
     """``convoy report`` over the trials that logged metrics, into ``<sweep>/report/``; returns
     the line to print (the page, or why there is none)."""
-    import importlib.util
-
     from convoy.errors import ConvoyError
+    from convoy.imports import installed, missing_extra
 
-    if importlib.util.find_spec("matplotlib") is None:
-        return "report: skipped (matplotlib is not installed; pip install matplotlib)"
+    if not installed("matplotlib"):
+        return f"report: skipped; {missing_extra('the sweep report', 'matplotlib', 'plot')}"
     runs = [str(row.run_dir) for row in rows if _has_records(row.run_dir / METRICS_FILE)]
     if not runs:
         return "report: skipped (no trial logged metrics)"

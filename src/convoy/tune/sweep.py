@@ -260,12 +260,10 @@ def _check_scheduler(scheduler: str | None) -> str:
 
 def check_optuna() -> None:
     """``--search optuna`` needs the optional ``optuna`` package."""
-    import importlib.util
+    from convoy.imports import installed, missing_extra
 
-    if importlib.util.find_spec("optuna") is None:
-        raise SweepError(
-            "--search optuna: the optuna package is not installed; pip install 'convoy[tune]'"
-        )
+    if not installed("optuna"):
+        raise SweepError(missing_extra("--search optuna", "optuna", "tune"))
 
 
 def _default_name(recipe: str | None) -> str:

@@ -25,11 +25,13 @@ def run_trial(config: dict[str, Any], recipe: dict[str, Any]) -> None:
     from convoy.launchers.base import default_entry
     from convoy.launchers.ray import build_trainer, fit, prepare_on_cluster
     from convoy.outputs import write_config
+    from convoy.preflight import resolve_tracking
 
     # Inside a Tune function: ray.tune.get_context (ray.train.* refuses to run here). The
     # run is named after the trial id, so a re-launched trial finds its Ray Train state.
     trial_id = tune.get_context().get_trial_id()
     job = job_with(set_field(recipe, "run.name", trial_id), config)
+    job = resolve_tracking(job, say=False)  # the sweep's preflight said it once
     job = prepare_on_cluster(ray, job)
     write_config(job)
     # The recipe's own entry: a recipe with a ``lightning:`` section trains its LightningModule.
