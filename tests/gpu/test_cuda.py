@@ -16,20 +16,25 @@ pytestmark = [
 ]
 
 
+DEFAULT_RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "default.yaml"
+
+
 @pytest.mark.parametrize("strategy", ["single", "fsdp2"])
 def test_bf16_training_on_cuda(strategy: str, tmp_path: Path) -> None:
+    # The default recipe's ViT and optimizer (batch 32, warm-up, weight decay 0.3). The bare
+    # defaults (vit_tiny, batch 64, no warm-up) reach only ~0.57 test accuracy on digits in
+    # 10 epochs, in fp32 on the CPU as well: that bar said nothing about bf16 on CUDA.
     job = load_job(
-        None,
+        DEFAULT_RECIPE,
         [
-            "model.name=vit_tiny",
-            "data.name=digits",
             f"strategy.name={strategy}",
             "precision=bf16",
             "scaling.launcher=local",
             "scaling.num_workers=1",
             "scaling.use_gpu=true",
-            "run.epochs=10",
+            "run.epochs=30",
             "run.progress=off",
+            "checkpoint.every_epochs=null",
             f"run.storage_dir={tmp_path}",
         ],
     )
