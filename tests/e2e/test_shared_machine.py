@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -138,14 +139,6 @@ def own_ray(output: str) -> str:
     return line.split("Ray at ", 1)[1].split(",", 1)[0]
 
 
-@pytest.fixture(scope="module")
-def alone(ray_tmp: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    """The small run, alone on this machine: the metrics every shared run must match."""
-    storage = tmp_path_factory.mktemp("alone")
-    output = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={storage}"))
-    return summary_of(output)
-
-
 def start_head(ray_tmp: Path) -> str:
     """``ray start --head`` as a user would (no dashboard, to keep it light): its address."""
     port = free_port()
@@ -158,22 +151,43 @@ def start_head(ray_tmp: Path) -> str:
     return (ray_tmp / "ray" / "ray_current_cluster").read_text().strip()
 
 
-def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
-    ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
-) -> None:
+@dataclass(frozen=True)
+class JoinedRun:
+    address: str  # of the head a user started
+    output: str  # what the run on it printed
+    head_outlived_the_run: bool
+
+
+@pytest.fixture(scope="module")
+def joined(ray_tmp: Path, tmp_path_factory: pytest.TempPathFactory) -> JoinedRun:
+    """The small run alone on this machine, on a Ray a user started (``ray start --head``),
+    which is then killed without ``ray stop`` (its address file stays). Its metrics are the
+    ones every run that shares the machine must match."""
     address = start_head(ray_tmp)
-    joined = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path}"))
-    assert f"joining the Ray started on this machine at {address}" in joined
-    same_metrics(summary_of(joined), alone)
+    storage = tmp_path_factory.mktemp("alone")
+    output = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={storage}"))
     head = pids_matching(lambda c: "gcs_server" in c and str(ray_tmp) in c)
-    assert head, "the head stopped with the run"
-    # The head is killed without `ray stop`: Ray's address file still names it.
     end_processes_naming(str(ray_tmp / "ray" / "session_"))
-    assert (ray_tmp / "ray" / "ray_current_cluster").read_text().strip() == address
+    return JoinedRun(address, output, bool(head))
+
+
+@pytest.fixture(scope="module")
+def alone(joined: JoinedRun) -> dict[str, Any]:
+    return summary_of(joined.output)
+
+
+def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
+    ray_tmp: Path, tmp_path: Path, joined: JoinedRun, alone: dict[str, Any]
+) -> None:
+    assert f"joining the Ray started on this machine at {joined.address}" in joined.output
+    assert "started a private Ray" not in joined.output
+    assert joined.head_outlived_the_run
+    # Killed without `ray stop`: Ray's address file still names the head.
+    assert (ray_tmp / "ray" / "ray_current_cluster").read_text().strip() == joined.address
     fresh = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path}"))
-    stale = [line for line in fresh.splitlines() if address in line]
+    stale = [line for line in fresh.splitlines() if joined.address in line]
     assert len(stale) == 1 and "is not running" in stale[0], fresh
-    assert own_ray(fresh) != address
+    assert own_ray(fresh) != joined.address
     same_metrics(summary_of(fresh), alone)
 
 
@@ -252,7 +266,7 @@ def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_traceba
     ray_tmp: Path, tmp_path: Path, busy_cores: None
 ) -> None:
     recipe = yaml.safe_load((REPO / "recipes" / "default.yaml").read_text())
-    recipe["run"].update({"epochs": 2, "storage_dir": str(tmp_path)})
+    recipe["run"].update({"epochs": 1, "storage_dir": str(tmp_path)})
     (tmp_path / "default.yaml").write_text(yaml.safe_dump(recipe))
     make = subprocess.Popen(
         ["make", "-s", "run", f"RECIPE={tmp_path / 'default.yaml'}"],
@@ -264,6 +278,6 @@ def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_traceba
     )
     workers = watch_workers({"make": make})["make"]
     output = finish(make)
-    assert "epoch 2/2" in output and "run dir:" in output, output
+    assert "epoch 1/1" in output and "run dir:" in output, output
     # Ray's default would be nice 15: a quarter of a fair share against the spinners.
     assert len(workers) == 2 and set(workers.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}

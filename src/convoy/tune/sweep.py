@@ -415,7 +415,14 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
 
     ray = import_ray()
     cluster = RayCluster.from_env()
-    started = ensure_ray(ray, cluster, resources={TRIAL_DRIVER: float(sweep.trials)})
+    # The dashboard's state API lets Ray Train free the workers of a trial ASHA stops.
+    started = ensure_ray(
+        ray,
+        cluster,
+        resources={TRIAL_DRIVER: float(sweep.trials)},
+        settings=sweep.largest.scaling.ray,
+        state_api=True,
+    )
     try:
         prepare_on_cluster(ray, sweep.largest)
         concurrent = concurrency(ray, sweep)

@@ -1,0 +1,120 @@
+"""Where a Ray run's CPU goes: per-process CPU seconds during one ``convoy train`` on Ray.
+
+Question: which of the processes a Ray run starts (its daemons, Ray Train's helper actors, the
+train workers) take the CPU the workers could have had, at start-up and in steady state? The
+script starts ``python -m convoy train recipes/default.yaml`` (a private local Ray, as ``make
+run``), samples every descendant's CPU time (``/proc/<pid>/stat`` utime + stime) every
+0.25 s, and splits the run at rank 0's first optimizer step (from the run's summary): before
+it is start-up, after it is training. Processes are grouped by their Ray name
+(``ray::RayTrainWorker``, ``raylet``, ``gcs_server``, ...).
+
+    python benchmarks/ray_process_cpu.py [--epochs 10] [--src PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def descendants(root: int) -> list[int]:
+    children: dict[int, list[int]] = defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            children[int(stat.rsplit(")", 1)[1].split()[1])].append(int(entry.name))
+    found, queue = [], [root]
+    while queue:
+        pid = queue.pop()
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
+def name_of(pid: int) -> str:
+    cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    first = cmdline[0].decode(errors="replace")
+    if first.startswith("ray::"):
+        return first.split(".")[0].split(" ")[0]
+    if first.startswith("ray-dashboard-"):
+        return "dashboard modules"
+    for arg in cmdline[:3]:
+        text = arg.decode(errors="replace")
+        for known in (
+            "gcs_server",
+            "raylet",
+            "dashboard.py",
+            "agent.py",
+            "log_monitor.py",
+            "monitor.py",
+            "convoy",
+        ):
+            if text.endswith(known) or f"/{known}" in text:
+                return known
+    return Path(first).name or "?"
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--src", type=Path, default=REPO / "src")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="cvp", dir="/tmp") as tmp:
+        env = {**os.environ, "PYTHONPATH": str(args.src.resolve()), "RAY_TMPDIR": tmp}
+        env.pop("RAY_ADDRESS", None)
+        recipe = args.src.resolve().parent / "recipes" / "default.yaml"
+        command = [sys.executable, "-m", "convoy", "train", str(recipe), "-o", f"run.epochs={args.epochs}",
+                   "-o", "run.progress=off", "-o", f"run.storage_dir={tmp}/runs", "-o", "run.name=p"]  # fmt: skip
+        start = time.time()
+        process = subprocess.Popen(
+            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
+        )
+        samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+        while process.poll() is None:
+            seen = {}
+            for pid in descendants(process.pid):
+                try:
+                    seen[pid] = (name_of(pid), cpu_seconds(pid))
+                except (OSError, IndexError):
+                    continue
+            samples.append((time.time(), seen))
+            time.sleep(0.25)
+        summary = json.loads((Path(tmp) / "runs" / "p" / "summary.json").read_text())
+    first_step, end = summary["first_step_end_time"], summary["end_time"]
+    phases = {"start-up": (start, first_step), "training": (first_step, end)}
+    table: dict[str, dict[str, float]] = defaultdict(lambda: {p: 0.0 for p in phases})
+    for phase, (low, high) in phases.items():
+        before = next((s for t, s in reversed(samples) if t <= low), {})
+        after = next((s for t, s in reversed(samples) if t <= high), {})
+        for pid, (name, cpu) in after.items():
+            table[name][phase] += cpu - before.get(pid, (name, 0.0))[1]
+    spans = {p: high - low for p, (low, high) in phases.items()}
+    print(f"start-up {spans['start-up']:.1f} s, training {spans['training']:.1f} s "
+          f"({summary['step_seconds_median'] * 1000:.1f} ms a step), {os.cpu_count()} cores")  # fmt: skip
+    print("| process | start-up CPU s | training CPU s | training share of a core |")
+    print("|---|---|---|---|")
+    for name, row in sorted(table.items(), key=lambda kv: -kv[1]["training"]):
+        share = row["training"] / spans["training"] * 100
+        print(f"| {name} | {row['start-up']:.2f} | {row['training']:.2f} | {share:.1f}% |")
+
+
+if __name__ == "__main__":
+    main()
