@@ -3,6 +3,7 @@ measured memory, and ``convoy bench compare``. Prints a short table last.
 
     python3 benchmarks/gpu_checklist.py --out "$OUT"          # on a CUDA machine
     python3 benchmarks/gpu_checklist.py --out /tmp/x --quick  # CPU dry run of every command
+    python3 benchmarks/gpu_checklist.py --out "$OUT" --after-fixes  # the fixes' checks
 
 Every step is a subprocess of ``python -m convoy`` (or pytest) with its own time limit; a step
 that fails is recorded (exit code and the last lines of its output) and the rest still run.
@@ -275,6 +276,11 @@ def main() -> int:
         metavar="FIXED_TREE",
         help="run the follow-up part: proposed fixes in a patched copy of the tree",
     )
+    parser.add_argument(
+        "--after-fixes",
+        action="store_true",
+        help="run the checks of the fixes (plan, fsdp2 on CPU and GPU, bench compare, tests)",
+    )
     args = parser.parse_args()
     if args.probe:
         print(json.dumps(probe()))
@@ -284,6 +290,8 @@ def main() -> int:
     c = Checklist(out, args.quick, args.deadline)
     if args.followup:
         followup(c, Path(args.followup).resolve())
+    elif args.after_fixes:
+        after_fixes(c)
     else:
         checklist(c)
     (out / "results.json").write_text(json.dumps(c.results, indent=2, default=str))
@@ -431,6 +439,58 @@ def followup(c: Checklist, fixed: Path) -> None:
         if summary:
             summary["_global_batch"] = 64 if quick else 1024
             c.results["steps"][key]["summary"] = pick(summary)
+
+
+def after_fixes(c: Checklist) -> None:
+    """The fixes on ``REPO``: ``convoy plan`` for fsdp2 with and without ``--check``, fsdp2
+    with ``scaling.use_gpu=false`` on the GPU machine, gpt_small under fsdp2 on the GPU (the
+    measurement beside the plan), ``bench compare`` on the ViT recipe as it is (its fsdp2
+    options kept from single and ddp), then the CUDA tests. Most important first."""
+    quick = c.quick
+    steps = 4 if quick else 20
+    gpt = [*GPT_SMALL, "precision=bf16", f"run.max_steps={steps}"]
+    if quick:
+        gpt += ["model.name=gpt_tiny", "model.kwargs.vocab_size=512", "data.seq_len=128"]
+    for check in (False, True):
+        plan = ["plan", LM, "--strategies", "fsdp2", "--world-sizes", "1", "--json",
+                "--gpu-memory", "80GiB", *(["--check"] if check else [])]  # fmt: skip
+        for item in gpt:
+            plan += ["-o", item]
+        key = "plan_check_gpt_small_fsdp2_bf16" if check else "plan_gpt_small_fsdp2_bf16"
+        rc, text = c.convoy(key, plan, 150 if check else 60)
+        if rc == 0 and check:
+            with contextlib.suppress(ValueError):
+                c.results["plan"] = json.loads(text[text.index("{") : text.rindex("}") + 1])
+    # fsdp2 on the CPU of a machine that has a GPU.
+    key = "fsdp2_cpu_on_gpu_host"
+    cpu_fsdp2 = ["train", "recipes/default.yaml"]
+    for item in ["strategy.name=fsdp2", "scaling.launcher=local", "scaling.num_workers=1",
+                 "scaling.use_gpu=false", "run.max_steps=3", "run.epochs=1", "run.progress=plain",
+                 "checkpoint.every_epochs=null", f"run.storage_dir={c.runs}",
+                 f"run.name={key}"]:  # fmt: skip
+        cpu_fsdp2 += ["-o", item]
+    c.convoy(key, cpu_fsdp2, 90)
+    path = c.runs / key / "summary.json"
+    if path.is_file():
+        c.results["steps"][key]["summary"] = pick(json.loads(path.read_text()))
+    key = "gpt_small_fsdp2_bf16"
+    summary = c.train(key, LM, gpt, 150)
+    if summary:
+        summary["_global_batch"] = 16
+        c.results["steps"][key]["summary"] = pick(summary)
+    vit_size = ["data.train_size=512", "data.batch_size=32", "model.kwargs.depth=1"]
+    compare = ["bench", "compare", VIT, "--strategies", "single,ddp,fsdp2", "--workers", "1",
+               "--steps", "3" if quick else "20", "--warmup", "2" if quick else "5",
+               "--out", str(c.runs / "bench")]  # fmt: skip
+    for item in ["scaling.launcher=local", "scaling.num_workers=1",
+                 f"scaling.use_gpu={'false' if quick else 'true'}",
+                 *(vit_size if quick else [])]:  # fmt: skip
+        compare += ["-o", item]
+    rc, text = c.convoy("bench_compare_vit", compare, 180)
+    c.results["compare_text"] = text.strip().splitlines()[-14:] if rc == 0 else None
+    if not quick:
+        c.run("pytest_gpu", [sys.executable, "-m", "pytest", "tests/gpu", "-q", "-p",
+                             "no:cacheprovider"], 180)  # fmt: skip
 
 
 def format_table(results: dict[str, Any]) -> str:

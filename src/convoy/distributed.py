@@ -98,8 +98,15 @@ def join_process_group(ctx: WorkerContext, timeout_s: float) -> bool:
     """Create the process group unless one exists; True if this call created it."""
     if dist.is_initialized():
         return False
-    backend = "nccl" if ctx.device.type == "cuda" else "gloo"
+    cuda = ctx.device.type == "cuda"
+    backend = "nccl" if cuda else "gloo"
     timeout = datetime.timedelta(seconds=timeout_s)
+    # With several GPUs on a node each rank's current device must be its own before the group
+    # exists: NCCL binds its communicator to it, and fully_shard's mesh and
+    # all_gather_object stage on the current device (cuda:0 for every rank otherwise).
+    device_id = ctx.device if cuda else None
+    if cuda:
+        torch.cuda.set_device(ctx.device)
     if ctx.store_namespace is not None:
         dist.init_process_group(
             backend,
@@ -107,6 +114,7 @@ def join_process_group(ctx: WorkerContext, timeout_s: float) -> bool:
             rank=ctx.rank,
             world_size=ctx.world_size,
             timeout=timeout,
+            device_id=device_id,
         )
         return True
     dist.init_process_group(
@@ -115,6 +123,7 @@ def join_process_group(ctx: WorkerContext, timeout_s: float) -> bool:
         rank=ctx.rank,
         world_size=ctx.world_size,
         timeout=timeout,
+        device_id=device_id,
     )
     return True
 

@@ -350,6 +350,28 @@ def test_compare_refuses_a_negative_loss_tolerance(tmp_path) -> None:  # type: i
             make_plan(_namespace(tmp_path, loss_rtol=bad))  # type: ignore[arg-type]
 
 
+def test_compare_gives_other_strategies_a_fresh_section(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The course recipe's fsdp2-only ``reshard_after_forward`` stays with fsdp2: single and
+    ddp would refuse it as an unknown key."""
+    from pathlib import Path
+
+    from convoy.bench.compare import make_plan
+    from convoy.config import load_job
+
+    recipe = str(Path(__file__).resolve().parents[2] / "recipes/course_vit_synthetic.yaml")
+    plan = make_plan(
+        _namespace(
+            tmp_path,
+            recipe=recipe,
+            strategies="single,ddp,fsdp2",
+            override=["strategy.reshard_after_forward=false"],
+        )  # type: ignore[arg-type]
+    )
+    assert [job.strategy.name for job in plan.jobs.values()] == ["single", "ddp", "fsdp2"]
+    assert plan.jobs["fsdp2"].strategy.reshard_after_forward is False  # the recipe's options
+    assert plan.jobs["ddp"].strategy == load_job(None, ["strategy.name=ddp"]).strategy
+
+
 def test_world_size_errors_name_the_workers_flag(tmp_path) -> None:  # type: ignore[no-untyped-def]
     from convoy.bench import compare, scaling
 

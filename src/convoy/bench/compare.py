@@ -133,13 +133,21 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
     for name in strategies:
         workers = 1 if name == "single" else args.workers
         extra = [
-            f"strategy.name={name}",
+            strategy_override(name, base.strategy.name),
             f"run.seed={base.run.seed}",
             *pinned_threads(base, max(args.workers, 1)),
             *engine_overrides(bench_dir, name, workers, args.steps, args.warmup),
         ]
         jobs[name] = bench_job(args.recipe, args.override, extra, ("--workers", args.workers))
     return ComparePlan(jobs, args.workers, args.warmup, args.steps, rtol, bench_dir)
+
+
+def strategy_override(name: str, recipe_strategy: str) -> str:
+    """The recipe's own strategy keeps its options; any other gets a fresh section, since
+    one strategy's options (fsdp2's ``reshard_after_forward``) are unknown keys to another."""
+    if name == recipe_strategy:
+        return f"strategy.name={name}"
+    return f"strategy={{name: {name}}}"
 
 
 def run_compare(plan: ComparePlan) -> dict[str, Any]:

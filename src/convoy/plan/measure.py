@@ -214,9 +214,13 @@ def measure_optimizer(
         with mode:
             holder = nn.ParameterList(nn.Parameter(torch.empty(shape)) for shape in shapes)
         if fsdp2_world_size is not None:
+            from torch.distributed.device_mesh import init_device_mesh
             from torch.distributed.fsdp import fully_shard
 
-            fully_shard(holder)  # outside the fake mode: it builds its device mesh
+            # Outside the fake mode: it builds its device mesh. A CPU mesh: the parameters
+            # are CPU ones, and the default mesh is the machine's accelerator where it has one.
+            mesh = init_device_mesh("cpu", (fsdp2_world_size,))
+            fully_shard(holder, mesh=mesh)
         with mode:
             params = list(holder.parameters())
             groups = [

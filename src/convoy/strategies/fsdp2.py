@@ -12,7 +12,9 @@ import contextlib
 from collections.abc import Iterator
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -45,6 +47,9 @@ class FSDP2Strategy(Strategy):
         pin = self.device.type == "cuda"
         offload = CPUOffloadPolicy(pin_memory=pin) if self.cfg.cpu_offload else OffloadPolicy()
         options = {
+            # On the strategy's device: the default mesh is the machine's accelerator even
+            # where the run is on CPU (scaling.use_gpu=false), and would move the model there.
+            "mesh": init_device_mesh(self.device.type, (dist.get_world_size(),)),
             "mp_policy": self.mixed_precision_policy(),
             "offload_policy": offload,
             "reshard_after_forward": self.cfg.reshard_after_forward,
