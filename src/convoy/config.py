@@ -483,8 +483,9 @@ class TrackingConfig(Section):
     """Experiment tracking sinks, next to ``metrics.jsonl`` (which is always written)."""
 
     tensorboard: bool = True
-    """TensorBoard event files under ``<run>/tensorboard/`` (needs ``convoy[tracking]``; said
-    once and skipped when it is missing)."""
+    """TensorBoard event files under ``<run>/tensorboard/`` (needs ``convoy[tracking]``).
+    Without it, the default is turned off quietly; a recipe that sets it is told so in one
+    line before any worker starts, and trains without it."""
     mlflow: MlflowConfig = Field(default_factory=MlflowConfig)
 
 
