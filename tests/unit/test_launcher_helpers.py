@@ -142,14 +142,20 @@ def test_router_shows_the_workers_lines_and_logs_rays_own(tmp_path: Path) -> Non
     router = RayOutputRouter(shown.append, tmp_path / "first.log")
     worker = {"actor_name": "RayTrainWorker", "pid": 7, "ip": "10.0.0.1"}
     router({**worker, "lines": ["epoch 1/2 loss 0.5", f"{INFO_MARKER}Ray's own note"]})
-    router({"actor_name": "TrainController", "pid": 8, "lines": ["Traceback (most recent"]})
+    router({**worker, "lines": ["Setting up process group for: env:// [rank=0, world_size=2]"]})
+    placed = ["Started training worker group of size 2: ", "- (ip=10.0.0.1, pid=7) world_rank=0"]
+    controller = {"actor_name": "TrainController", "pid": 8}
+    router({**controller, "lines": ["Requesting resources: {'CPU': 1.0} * 2", *placed]})
+    router({**controller, "lines": ["Traceback (most recent"]})
     router.move_to(tmp_path / "run" / "ray.log")
     router({"pid": "autoscaler", "lines": ["Autoscaler status"]})
     router.close()
-    assert [d["lines"] for d in shown] == [["epoch 1/2 loss 0.5"]]
+    # Shown: the run's own lines, and where its workers are (a user's first question).
+    assert [d["lines"] for d in shown] == [["epoch 1/2 loss 0.5"], placed]
     first = (tmp_path / "first.log").read_text()
     assert "Ray's own note" in first and "(TrainController pid=8" in first
     assert "Traceback" in first and "Autoscaler" not in first
+    assert "Requesting resources" in first and "Setting up process group" in first
     assert "Autoscaler status" in (tmp_path / "run" / "ray.log").read_text()
 
 
@@ -367,9 +373,12 @@ def test_lost_nodes_are_read_from_ray_worker_failures() -> None:
         "The actor died unexpectedly before finishing this task.\n\tclass_name: RayTrainWorker"
         "\n\tip: 10.213.2.4\nThe actor is dead because its node has died."
     )
-    app = RuntimeError("Read error [10.213.2.3]:31971: Connection reset by peer")
+    peer = RuntimeError("Read error [10.213.2.5]:31971: Connection reset by peer")
+    app = RuntimeError("ValueError: the loss is NaN")
     assert lost_nodes({0: app, 1: health, 2: died}) == ["10.213.2.3", "10.213.2.4"]
     assert lost_nodes({0: app}) == []
+    # A survivor's collective losing its peer names a candidate; the GCS decides (dead_nodes).
+    assert lost_nodes({0: peer}) == ["10.213.2.5"]
 
 
 def test_a_range_in_a_recipe_file_is_a_range_not_a_base_60_number(tmp_path: Path) -> None:

@@ -306,7 +306,7 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
     """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
     ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller."""
-    from ray.train import DataConfig, FailureConfig, LoggingConfig, RunConfig, ScalingConfig
+    from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 
     from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
 
@@ -345,16 +345,12 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
             resources_per_worker=worker_resources(job),
             elastic_resize_monitor_interval_s=job.scaling.elastic_monitor_interval_s,
         ),
-        # mypy sees V1's RunConfig; V2's (exported by Ray 2.60) takes logging_config.
-        run_config=RunConfig(  # type: ignore[call-arg]
+        run_config=RunConfig(
             name=name,
             storage_path=storage_path,
             failure_config=FailureConfig(max_failures=job.scaling.max_failures),
             checkpoint_config=checkpoint_config(job),
             callbacks=list(callbacks),
-            # Ray Train's own lines ("Requesting resources", "Setting up process group") stay
-            # in Ray's log files; a failure reaches the user through fit()'s error.
-            logging_config=LoggingConfig(log_level="CRITICAL"),
         ),
     )
 
@@ -437,9 +433,14 @@ def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
             r"health check failed|actor .* unavailable|node (has )?died|raylet .*died", text, re.I
         )
         ip = re.search(r"node_ip='([^']+)'|\bip: (\S+)", text)
-        if unreachable and ip:
-            address = ip.group(1) or ip.group(2)
-            if address not in lost:
+        # A surviving rank may report first: its collective lost the peer ("[ip]:port:
+        # Connection reset by peer" from gloo). dead_nodes() then asks the GCS about that peer.
+        peer = re.search(r"\[([\d.]+)\]:\d+: Connection (reset|closed) by peer", text)
+        for address in (
+            (ip.group(1) or ip.group(2)) if unreachable and ip else None,
+            peer.group(1) if peer else None,
+        ):
+            if address and address not in lost:
                 lost.append(address)
     return lost
 

@@ -15,8 +15,9 @@ Four rules follow from what went wrong there:
   worker process to register) become ``scaling.ray.start_timeout_s``, and a failed start is
   retried within that bound. The dashboard starts only for callers that need its state API
   (``convoy tune``); if it cannot start, the run goes on and says what that costs.
-- **Quiet.** The terminal shows what the train workers (and Tune's trials) print; Ray's own
-  lines (its controller's, the autoscaler's, retries and their tracebacks) go to a log file.
+- **Quiet.** The terminal shows what the train workers (and Tune's trials) print, and the
+  controller's lines saying where the workers are; Ray's other lines (the controller's
+  requests, the autoscaler's, retries and their tracebacks) go to a log file.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import secrets
 import socket
 import threading
@@ -310,6 +312,10 @@ def state_api_pinned(enabled: bool = True) -> Iterator[int | None]:
 # Actors whose output is the run's own: Ray Train's workers and Tune's function trials.
 SHOWN_ACTORS = ("RayTrainWorker", "ImplicitFunc")
 INFO_MARKER = ":info_message:"  # ray_constants.LOG_PREFIX_INFO_MESSAGE
+# Ray Train's own note from every worker at start-up, which says nothing the run does not.
+WORKER_NOISE = ("Setting up process group for:",)
+# The controller's lines a user wants: where the workers are, and when the group resizes.
+CONTROLLER_SHOWN = re.compile(r"worker group of size \d+|^- \(ip=")
 
 
 class RayOutputRouter:
@@ -325,14 +331,19 @@ class RayOutputRouter:
 
     def __call__(self, data: dict[str, Any]) -> None:
         lines = data.get("lines", [])
-        if str(data.get("actor_name") or "").startswith(SHOWN_ACTORS):
+        actor = str(data.get("actor_name") or "")
+        if actor.startswith(SHOWN_ACTORS):
             # Ray's own notes from inside a worker carry its info-message marker.
-            shown = [line for line in lines if INFO_MARKER not in line]
-            if shown:
-                self._show({**data, "lines": shown})
-            lines = [line for line in lines if INFO_MARKER in line]
-        if lines:
-            self._write(data, lines)
+            shown = [line for line in lines if not is_worker_noise(line)]
+        elif actor.startswith("TrainController"):
+            shown = [line for line in lines if CONTROLLER_SHOWN.search(line)]
+        else:
+            shown = []
+        if shown:
+            self._show({**data, "lines": shown})
+        hidden = [line for line in lines if line not in shown]
+        if hidden:
+            self._write(data, hidden)
 
     def _write(self, data: dict[str, Any], lines: list[str]) -> None:
         origin = data.get("actor_name") or data.get("task_name") or ""
@@ -355,6 +366,11 @@ class RayOutputRouter:
             if self._log is not None:
                 self._log.close()
                 self._log = None
+
+
+def is_worker_noise(line: str) -> bool:
+    """A line from a train worker that is Ray's, not the run's."""
+    return INFO_MARKER in line or line.startswith(WORKER_NOISE)
 
 
 HANDLER_NAME = "ray_print_logs"  # the name under which ray.init registers its printer
