@@ -470,3 +470,30 @@ def test_an_unwritable_storage_dir_is_refused_before_any_worker(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"^run.storage_dir: got '.*a-file/runs'; a folder"):
         convoy.train(job)
     assert blocker.read_text() == "not a folder"
+
+
+def test_a_private_ray_that_never_starts_ends_in_one_line_naming_the_bound(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from convoy.config import RayLauncherConfig
+    from convoy.errors import LaunchError
+    from convoy.launchers.ray_local import start_private_ray
+
+    class NeverStarts(FakeRay):
+        def init(self, **kwargs: object) -> None:
+            super().init(**kwargs)
+            raise RuntimeError("Failed to start the dashboard\nthe last 20 lines of its log")
+
+        def shutdown(self) -> None:
+            pass
+
+    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    fake = NeverStarts()
+    with pytest.raises(LaunchError) as caught:
+        start_private_ray(fake, RayLauncherConfig(start_timeout_s=0.5))
+    message = str(caught.value)
+    assert message.startswith("scaling.ray.start_timeout_s: the embedded Ray did not start")
+    assert "(Failed to start the dashboard)" in message and "\n" not in message
+    # Retried within the bound, each retry said in one line.
+    retries = capsys.readouterr().out.strip().splitlines()
+    assert len(fake.calls) == len(retries) + 1 >= 2

@@ -52,6 +52,9 @@ EMBEDDED_RAY_ENV = {
 # Ray's start-up waits that a busy machine outlasts, each raised to the start-up bound.
 STARTUP_WAIT_VARIABLES = ("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "RAY_worker_register_timeout_seconds")
 
+# Between two attempts to start a private Ray: a busy machine gets a moment to settle.
+RETRY_PAUSE_S = 2.0
+
 # How long a local Ray named in Ray's address file may take to answer before it counts as dead.
 LOCAL_PROBE_TIMEOUT_S = 3.0
 
@@ -185,6 +188,7 @@ def start_private_ray(
                     "start Ray once with `ray start --head` and let runs join it"
                 ) from None
             print(f"convoy: Ray did not start ({first}); trying again", flush=True)
+            time.sleep(min(RETRY_PAUSE_S, max(0.0, deadline - time.monotonic())))
     if state_api and not state_api_running():
         logs = ray._private.worker._global_node.get_logs_dir_path()
         print(
