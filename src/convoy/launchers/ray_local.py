@@ -334,18 +334,13 @@ class RayOutputRouter:
         self.log_path = log_path
 
     def __call__(self, data: dict[str, Any]) -> None:
-        lines = data.get("lines", [])
-        actor = str(data.get("actor_name") or "")
-        if actor.startswith(SHOWN_ACTORS):
-            # Ray's own notes from inside a worker carry its info-message marker.
-            shown = [line for line in lines if not is_worker_noise(line)]
-        elif actor.startswith("TrainController"):
-            shown = [line for line in lines if CONTROLLER_SHOWN.search(line)]
-        else:
-            shown = []
+        shown: list[str] = []
+        hidden: list[str] = []
+        wanted = line_filter(str(data.get("actor_name") or ""))
+        for line in data.get("lines", []):
+            (shown if wanted(line) else hidden).append(line)
         if shown:
             self._show({**data, "lines": shown})
-        hidden = [line for line in lines if line not in shown]
         if hidden:
             self._write(data, hidden)
 
@@ -372,9 +367,14 @@ class RayOutputRouter:
                 self._log = None
 
 
-def is_worker_noise(line: str) -> bool:
-    """A line from a train worker that is Ray's, not the run's."""
-    return INFO_MARKER in line or line.startswith(WORKER_NOISE)
+def line_filter(actor: str) -> Callable[[str], bool]:
+    """Which of an actor's lines belong on the terminal."""
+    if actor.startswith(SHOWN_ACTORS):
+        # All but Ray's own notes (they carry its info-message marker) and start-up note.
+        return lambda line: INFO_MARKER not in line and not line.startswith(WORKER_NOISE)
+    if actor.startswith("TrainController"):
+        return lambda line: CONTROLLER_SHOWN.search(line) is not None
+    return lambda line: False
 
 
 HANDLER_NAME = "ray_print_logs"  # the name under which ray.init registers its printer
