@@ -59,9 +59,17 @@ format: install
 ENVTEST ?= ../shared/k8s-envtest
 ENVTEST_LOCK := /tmp/convoy-envtest-build.lock
 
+# apt-get takes dpkg's lock and fails at once when another apt-get holds it: the build's one
+# install (rsync) and the browser's take turns on this lock, so both run on a fresh machine.
+APT_LOCK := /tmp/convoy-apt.lock
+APT_WAIT := -o DPkg::Lock::Timeout=600
+RSYNC_INSTALL := command -v rsync >/dev/null || apt-get $(APT_WAIT) install -y -qq rsync \
+	|| { apt-get update -qq && apt-get $(APT_WAIT) install -y -qq rsync; }
+
 envtest-build:
 	@if [ -f $(ENVTEST)/build.sh ] && command -v flock >/dev/null; then \
-		(flock $(ENVTEST_LOCK) bash $(ENVTEST)/build.sh >/tmp/convoy-envtest-build.log 2>&1 &); \
+		(flock $(ENVTEST_LOCK) sh -c 'flock $(APT_LOCK) sh -c "$(RSYNC_INSTALL)"; \
+			bash $(ENVTEST)/build.sh' >/tmp/convoy-envtest-build.log 2>&1 &); \
 	fi
 
 # Debian's Chromium, for the headless-browser check of `convoy report`'s HTML. Installed only
@@ -70,7 +78,7 @@ envtest-build:
 # the same lock and skips, saying why, where it is still missing. A failure is a message.
 BROWSER_LOCK := /tmp/convoy-browser-install.lock
 BROWSER_LOG := /tmp/convoy-browser-install.log
-APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends chromium
+APT_CHROMIUM := DEBIAN_FRONTEND=noninteractive apt-get $(APT_WAIT) install -y --no-install-recommends chromium
 BROWSER_INSTALL := $(APT_CHROMIUM) || { apt-get update && $(APT_CHROMIUM); } \
 	|| echo "browser: chromium install failed; the browser test will skip"
 
@@ -82,7 +90,7 @@ browser:
 	else \
 		echo "browser: installing chromium (log: $(BROWSER_LOG))"; \
 		if command -v flock >/dev/null; then \
-			( flock $(BROWSER_LOCK) sh -c '$(BROWSER_INSTALL)' >$(BROWSER_LOG) 2>&1 & ); \
+			( flock $(BROWSER_LOCK) flock $(APT_LOCK) sh -c '$(BROWSER_INSTALL)' >$(BROWSER_LOG) 2>&1 & ); \
 		else \
 			sh -c '$(BROWSER_INSTALL)' >$(BROWSER_LOG) 2>&1; \
 		fi; \

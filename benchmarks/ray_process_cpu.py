@@ -6,9 +6,12 @@ script starts ``python -m convoy train recipes/default.yaml`` (a private local R
 run``), samples every descendant's CPU time (``/proc/<pid>/stat`` utime + stime) every
 0.25 s, and splits the run at rank 0's first optimizer step (from the run's summary): before
 it is start-up, after it is training. Processes are grouped by their Ray name
-(``ray::RayTrainWorker``, ``raylet``, ``gcs_server``, ...).
+(``ray::RayTrainWorker``, ``raylet``, ``gcs_server``, ...). Each group's *first seen* time
+(seconds from the run's start) and the times the driver printed its lines give the start-up's
+timeline. ``--warm`` joins a ``ray start --head`` started first (its processes are followed
+too), as a user with a running Ray would.
 
-    python benchmarks/ray_process_cpu.py [--epochs 10] [--src PATH]
+    python benchmarks/ray_process_cpu.py [--epochs 10] [--warm] [--src PATH]
 """
 
 from __future__ import annotations
@@ -19,9 +22,12 @@ import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
+
+from launcher_overhead import ray_head  # this folder's script: its `ray start --head`
 
 REPO = Path(__file__).resolve().parents[1]
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -76,28 +82,56 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--src", type=Path, default=REPO / "src")
+    parser.add_argument("--warm", action="store_true", help="join a `ray start --head`")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cvp", dir="/tmp") as tmp:
         env = {**os.environ, "PYTHONPATH": str(args.src.resolve()), "RAY_TMPDIR": tmp}
         env.pop("RAY_ADDRESS", None)
-        recipe = args.src.resolve().parent / "recipes" / "default.yaml"
-        command = [sys.executable, "-m", "convoy", "train", str(recipe), "-o", f"run.epochs={args.epochs}",
-                   "-o", "run.progress=off", "-o", f"run.storage_dir={tmp}/runs", "-o", "run.name=p"]  # fmt: skip
-        start = time.time()
-        process = subprocess.Popen(
-            command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT
-        )
-        samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
-        while process.poll() is None:
-            seen = {}
-            for pid in descendants(process.pid):
-                try:
-                    seen[pid] = (name_of(pid), cpu_seconds(pid))
-                except (OSError, IndexError):
-                    continue
-            samples.append((time.time(), seen))
-            time.sleep(0.25)
-        summary = json.loads((Path(tmp) / "runs" / "p" / "summary.json").read_text())
+        with ray_head(env, args.warm):
+            measure(args, env, tmp)
+
+
+def started_under(folder: str) -> list[int]:
+    """The processes whose command line names ``folder`` (a ``ray start`` head's)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if folder.encode() in (entry / "cmdline").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+def measure(args: argparse.Namespace, env: dict[str, str], tmp: str) -> None:
+    """Run the job once, sampling the CPU of its processes (and of a warm head's)."""
+    roots = started_under(tmp) if args.warm else []
+    recipe = args.src.resolve().parent / "recipes" / "default.yaml"
+    command = [sys.executable, "-m", "convoy", "train", str(recipe), "-o", f"run.epochs={args.epochs}",
+               "-o", "run.progress=off", "-o", f"run.storage_dir={tmp}/runs", "-o", "run.name=p"]  # fmt: skip
+    start = time.time()
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    printed: list[tuple[float, str]] = []
+    reader = threading.Thread(target=read_lines, args=(process, printed), daemon=True)
+    reader.start()
+    samples: list[tuple[float, dict[int, tuple[str, float]]]] = []
+    first_seen: dict[str, float] = {}
+    while process.poll() is None:
+        seen = {}
+        pids = {p for root in [process.pid, *roots] for p in descendants(root)}
+        for pid in pids:
+            try:
+                seen[pid] = (name_of(pid), cpu_seconds(pid))
+            except (OSError, IndexError):
+                continue
+            first_seen.setdefault(seen[pid][0], time.time() - start)
+        samples.append((time.time(), seen))
+        time.sleep(0.25)
+    reader.join(timeout=5)
+    summary = json.loads((Path(tmp) / "runs" / "p" / "summary.json").read_text())
     first_step, end = summary["first_step_end_time"], summary["end_time"]
     phases = {"start-up": (start, first_step), "training": (first_step, end)}
     table: dict[str, dict[str, float]] = defaultdict(lambda: {p: 0.0 for p in phases})
@@ -109,11 +143,25 @@ def main() -> None:
     spans = {p: high - low for p, (low, high) in phases.items()}
     print(f"start-up {spans['start-up']:.1f} s, training {spans['training']:.1f} s "
           f"({summary['step_seconds_median'] * 1000:.1f} ms a step), {os.cpu_count()} cores")  # fmt: skip
-    print("| process | start-up CPU s | training CPU s | training share of a core |")
-    print("|---|---|---|---|")
+    print(
+        "| process | first seen (s) | start-up CPU s | training CPU s | training share of a core |"
+    )
+    print("|---|---|---|---|---|")
     for name, row in sorted(table.items(), key=lambda kv: -kv[1]["training"]):
         share = row["training"] / spans["training"] * 100
-        print(f"| {name} | {row['start-up']:.2f} | {row['training']:.2f} | {share:.1f}% |")
+        seen_at = f"{first_seen[name]:.1f}" if name in first_seen else "-"
+        print(
+            f"| {name} | {seen_at} | {row['start-up']:.2f} | {row['training']:.2f} | {share:.1f}% |"
+        )
+    print(f"\nthe driver's lines (s from start; first step at {first_step - start:.1f} s):")
+    for at, line in printed[:8]:
+        print(f"  {at - start:6.1f}  {line[:100]}")
+
+
+def read_lines(process: subprocess.Popen[str], printed: list[tuple[float, str]]) -> None:
+    assert process.stdout is not None
+    for line in process.stdout:
+        printed.append((time.time(), line.rstrip()))
 
 
 if __name__ == "__main__":

@@ -497,3 +497,108 @@ def test_a_private_ray_that_never_starts_ends_in_one_line_naming_the_bound(
     # Retried within the bound, each retry said in one line.
     retries = capsys.readouterr().out.strip().splitlines()
     assert len(fake.calls) == len(retries) + 1 >= 2
+
+
+def test_ray_train_helpers_a_run_does_not_need_are_left_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("ray.train")
+    from ray.train.v2._internal.callbacks import DatasetsCallback
+    from ray.train.v2._internal.callbacks.placement_group_callback import (
+        PlacementGroupCleanerCallback,
+    )
+
+    from convoy.launchers import ray_local
+    from convoy.launchers.ray_torch import ConvoyTorchTrainer
+
+    def callback_types(**datasets: object) -> set[type]:
+        trainer = ConvoyTorchTrainer(train_loop_per_worker=lambda: None, datasets=datasets)
+        return {type(c) for c in trainer._create_default_callbacks()}
+
+    monkeypatch.setattr(ray_local, "state_api_running", lambda: False)
+    without_data = callback_types()
+    assert DatasetsCallback not in without_data
+    assert PlacementGroupCleanerCallback not in without_data
+    # A Ray Data run keeps its dataset manager; a Ray with a state API keeps the cleaner.
+    assert DatasetsCallback in callback_types(train=lambda: None)
+    monkeypatch.setattr(ray_local, "state_api_running", lambda: True)
+    assert PlacementGroupCleanerCallback in callback_types()
+
+
+@pytest.mark.parametrize("autoscaler", [True, False])
+def test_fixed_size_runs_never_wait_on_the_autoscaling_coordinator(
+    monkeypatch: pytest.MonkeyPatch, autoscaler: bool
+) -> None:
+    pytest.importorskip("ray.train")
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import (
+        ElasticScalingPolicy,
+        FixedScalingPolicy,
+    )
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+    from convoy.launchers.ray_torch import (
+        ConvoyTorchTrainer,
+        NoAutoscalerScalingPolicy,
+        UnblockedRequestsScalingPolicy,
+    )
+
+    given: list[object] = []
+    monkeypatch.setattr(
+        DataParallelTrainer,
+        "_initialize_and_run_controller",
+        lambda self, **kwargs: given.append(kwargs["scaling_policy"]),
+    )
+    trainer = ConvoyTorchTrainer(train_loop_per_worker=lambda: None, autoscaler=autoscaler)
+    fixed = ScalingConfig(num_workers=2)
+    trainer._initialize_and_run_controller(scaling_policy=FixedScalingPolicy(fixed))
+    expected = UnblockedRequestsScalingPolicy if autoscaler else NoAutoscalerScalingPolicy
+    assert type(given[-1]) is expected and given[-1].scaling_config is fixed
+    # An elastic run keeps Ray Train's own policy, which asks the autoscaler for its range.
+    elastic = ElasticScalingPolicy(ScalingConfig(num_workers=(1, 2)))
+    trainer._initialize_and_run_controller(scaling_policy=elastic)
+    assert given[-1] is elastic
+
+
+def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> None:
+    pytest.importorskip("ray.train")
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+
+    from convoy.launchers.ray_torch import NoAutoscalerScalingPolicy
+
+    policy = NoAutoscalerScalingPolicy(ScalingConfig(num_workers=3))
+    policy.after_controller_start(train_run_context=None)
+    decision = policy.make_decision_for_non_running_worker_group()
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 3
+    assert policy._coordinator_client is None  # no coordinator actor was asked for
+
+
+def test_a_bad_job_fails_with_its_own_error_while_ray_starts_beside_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from convoy.errors import LaunchError
+    from convoy.launchers import ray as ray_launcher
+
+    job = load_job(None, [f"run.storage_dir={tmp_path}", "model.name=no_such_model"])
+    stopped: list[bool] = []
+
+    class StartsFine(FakeRay):
+        def shutdown(self) -> None:
+            stopped.append(True)
+
+    monkeypatch.setattr(ray_launcher, "import_ray", StartsFine)
+    monkeypatch.setattr(
+        ray_launcher, "ensure_ray", lambda ray, *a, **k: ray_launcher.RayConnection(private=True)
+    )
+    with pytest.raises(ConfigError, match=r"^model.name: got 'no_such_model'"):
+        ray_launcher.RayLauncher().launch(job)
+    assert stopped == [True]  # the private Ray started beside the checks is stopped
+
+    def ray_fails(*args: object, **kwargs: object) -> None:
+        raise LaunchError("scaling.ray.start_timeout_s: the embedded Ray did not start")
+
+    monkeypatch.setattr(ray_launcher, "ensure_ray", ray_fails)
+    with pytest.raises(ConfigError, match=r"^model.name"):
+        ray_launcher.RayLauncher().launch(job)
+    assert not list(tmp_path.iterdir())  # nothing written for a job that never ran

@@ -93,6 +93,11 @@ class Launcher(ABC):
         """Check ``job`` (``convoy.preflight``), fix its run directory, and run ``entry``
         (the training engine unless told otherwise) to completion on this launcher's workers.
         A job with a ``lightning:`` section trains with the Lightning entry instead."""
+        return self.start(*self.check(job, entry))
+
+    def check(self, job: Job, entry: WorkerEntry = TRAIN) -> tuple[Job, WorkerEntry]:
+        """``launch``'s checks, in the driver before any worker starts: the job as it will
+        run (preflight's resolved settings, its run directory fixed) and the entry for it."""
         from convoy.preflight import preflight
 
         if entry == TRAIN:
@@ -100,7 +105,7 @@ class Launcher(ABC):
         checked = preflight(job) if entry.preflight else job
         # Before any worker starts, not as a traceback from rank 0's first write.
         check_writable_dir(job.run.storage_dir, "run.storage_dir")
-        return self.start(resolve_run(checked), entry)
+        return resolve_run(checked), entry
 
     @abstractmethod
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:

@@ -17,6 +17,7 @@ import os
 import re
 import socket
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -302,10 +303,16 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     return job.model_copy(update={"scaling": scaling})
 
 
-def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ...] = ()) -> Any:
+def build_trainer(
+    job: Job,
+    entry: WorkerEntry = TRAIN,
+    callbacks: tuple[Any, ...] = (),
+    autoscaler: bool = True,
+) -> Any:
     """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
-    ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller."""
+    ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller. ``autoscaler``
+    False (a private Ray) sends the cluster no resource requests."""
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 
     from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
@@ -329,6 +336,7 @@ def build_trainer(job: Job, entry: WorkerEntry = TRAIN, callbacks: tuple[Any, ..
         }
     return ConvoyTorchTrainer(
         prometheus=job.monitor.prometheus,
+        autoscaler=autoscaler,
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,
@@ -365,9 +373,37 @@ class RayLauncher(Launcher):
     def __init__(self, cluster: RayCluster | None = None) -> None:
         self.cluster = cluster or RayCluster.from_env()
 
+    def launch(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
+        """As every launcher's, with Ray joined or started while the job is checked: each
+        takes seconds (starting a private Ray, 4-5 s here; the checks import torch and build
+        the model and data), and neither needs the other. A bad job still fails before any
+        worker starts, and with its own error even when Ray fails too."""
+        ray = import_ray()
+        with ThreadPoolExecutor(1, thread_name_prefix="convoy-check") as pool:
+            checking = pool.submit(self.check, job, entry)
+            try:
+                started = ensure_ray(ray, self.cluster, settings=job.scaling.ray)
+            except BaseException:
+                checking.result()
+                raise
+            try:
+                checked, entry = checking.result()
+            except BaseException:
+                if started:
+                    ray.shutdown()
+                raise
+        return self.run_on(ray, started, checked, entry)
+
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         ray = import_ray()
         started = ensure_ray(ray, self.cluster, settings=job.scaling.ray)
+        return self.run_on(ray, started, job, entry)
+
+    def run_on(
+        self, ray: Any, started: RayConnection | None, job: Job, entry: WorkerEntry
+    ) -> RunResult:
+        """Run a checked ``job`` on the Ray ``ensure_ray`` connected to; stop the connection
+        after if it made one."""
         try:
             # A cluster Convoy did not start can gain nodes while an elastic run grows onto it.
             shared = started is not None and not started.private
@@ -376,7 +412,8 @@ class RayLauncher(Launcher):
             run_dir = storage.local_path("")
             if run_dir is not None:
                 send_ray_output_to(run_dir / RAY_LOG_FILE)
-            fit(build_trainer(job, entry), job)
+            private = started is not None and started.private
+            fit(build_trainer(job, entry, autoscaler=not private), job)
         finally:
             if started:
                 ray.shutdown()

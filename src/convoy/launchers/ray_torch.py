@@ -11,11 +11,23 @@ nodes fails with ``Gloo connectFullMesh failed``. Imported only by the ``ray`` l
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
+from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
+    ResourceRequestPriority,
+)
+from ray.train._internal.autoscaling_coordinator_client import build_train_resource_request
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
+from ray.train.v2._internal.execution.scaling_policy import (
+    AUTOSCALING_REQUESTS_EXPIRE_TIME_S,
+    FixedScalingPolicy,
+)
+from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+    TrainAutoscalingCoordinatorClient,
+)
 
 from convoy.network import socket_interface_env
 
@@ -45,8 +57,10 @@ class NodeInterfaceTorchConfig(TorchConfig):
 
 
 class ConvoyTorchTrainer(TorchTrainer):
-    """Ray Train's ``TorchTrainer``, without the helpers that only serve a dashboard where Ray
-    has none (a private local Ray, a cluster started without one).
+    """Ray Train's ``TorchTrainer``, without the helpers that serve nothing in a given run.
+
+    Each helper Ray Train starts is an actor: a Python process that imports Ray (about 1.5 s
+    of CPU each here), competing with the workers' start on a small machine.
 
     - The placement-group cleaner is a detached actor that asks the dashboard's state API
       every second whether the run's controller is alive, to free the workers' placement
@@ -55,13 +69,21 @@ class ConvoyTorchTrainer(TorchTrainer):
       end of every run. A private Ray is stopped with its run, which frees everything.
     - Ray Train's own metrics (controller and worker callbacks) feed the dashboard's Grafana
       panels; they are kept when the run exports Prometheus metrics (``monitor.prometheus``).
+    - The dataset manager serves Ray Data shards; a run without Ray Data datasets has none.
+    - The autoscaling coordinator passes the workers' resource request to the cluster's
+      autoscaler: a private Ray (``autoscaler=False``) is one fixed node with none, and
+      elsewhere the request is sent without holding up the start.
     """
 
-    def __init__(self, *args: Any, prometheus: bool = False, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, prometheus: bool = False, autoscaler: bool = True, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self._prometheus = prometheus
+        self._autoscaler = autoscaler
 
     def _create_default_callbacks(self) -> list[Any]:
+        from ray.train.v2._internal.callbacks import DatasetsCallback
         from ray.train.v2._internal.callbacks.metrics import (
             ControllerMetricsCallback,
             WorkerMetricsCallback,
@@ -74,9 +96,57 @@ class ConvoyTorchTrainer(TorchTrainer):
 
         # mypy sees Train V1's TorchTrainer; Ray 2.60 exports V2's, which has this method.
         callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
-        if state_api_running():
-            return callbacks
-        dropped: tuple[type, ...] = (PlacementGroupCleanerCallback,)
-        if not self._prometheus:
-            dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
+        dropped: tuple[type, ...] = () if self.datasets else (DatasetsCallback,)
+        if not state_api_running():
+            dropped += (PlacementGroupCleanerCallback,)
+            if not self._prometheus:
+                dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
         return [c for c in callbacks if not isinstance(c, dropped)]
+
+    def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:
+        policy = controller_kwargs["scaling_policy"]
+        if type(policy) is FixedScalingPolicy:
+            fixed = (
+                UnblockedRequestsScalingPolicy if self._autoscaler else NoAutoscalerScalingPolicy
+            )
+            controller_kwargs["scaling_policy"] = fixed(policy.scaling_config)
+        return super()._initialize_and_run_controller(**controller_kwargs)  # type: ignore[misc]
+
+
+class NoAutoscalerScalingPolicy(FixedScalingPolicy):
+    """Ray Train's fixed-size policy without resource requests, for a private Ray: one fixed
+    node with no autoscaler to read them, where Ray Train would start a coordinator actor
+    (a process) only to pass them on."""
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        pass
+
+    def _maybe_send_resource_request(self) -> None:
+        pass
+
+
+class _RequestWithoutWaiting(TrainAutoscalingCoordinatorClient):
+    def send_resource_request(self, scaling_config: Any, num_workers: int) -> None:
+        resources, label_selectors = build_train_resource_request(scaling_config, num_workers)
+        # Ray's ActorProxy stub types the method as a plain callable.
+        self._autoscaling_coordinator.request_resources.remote(  # type: ignore[attr-defined]
+            requester_id=self._requester_id,
+            resources=resources,
+            label_selectors=label_selectors,
+            expire_after_s=AUTOSCALING_REQUESTS_EXPIRE_TIME_S,
+            priority=ResourceRequestPriority.HIGH,
+        )
+        self._latest_autoscaling_request_time = time.monotonic()
+
+
+class UnblockedRequestsScalingPolicy(FixedScalingPolicy):
+    """Ray Train's fixed-size policy whose resource requests to the cluster's autoscaler do
+    not hold up the start. Ray Train waits up to 5 s for each request's reply; the first
+    waits for the coordinator actor (detached, one per cluster) to start, 1.2 s here on a
+    fresh ``ray start`` head. The workers' placement group is a demand the autoscaler sees
+    either way; the request only adds Ray Data's coordination, which needs no reply."""
+
+    def after_controller_start(self, train_run_context: Any) -> None:
+        self._requester_id = f"train-{train_run_context.run_id}"
+        self._coordinator_client = _RequestWithoutWaiting(self._requester_id)
+        self._send_resource_request()
