@@ -562,7 +562,7 @@ def test_fixed_size_runs_never_wait_on_the_autoscaling_coordinator(
 
 def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> None:
     pytest.importorskip("ray.train")
-    from ray.train import ScalingConfig
+    from ray.train.v2.api.config import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
 
     from convoy.launchers.ray_torch import NoAutoscalerScalingPolicy
