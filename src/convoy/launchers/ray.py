@@ -35,6 +35,7 @@ from convoy.launchers.base import (
     check_shared_storage,
 )
 from convoy.launchers.ray_local import (
+    RUN_ENV,
     probe_gcs_client,
     route_ray_output,
     send_ray_output_to,
@@ -149,6 +150,8 @@ def ensure_ray(
     if ray.is_initialized():
         return None
     quiet_ray_loggers()
+    for key, value in RUN_ENV.items():
+        os.environ.setdefault(key, value)
     address = cluster.address or user_started_cluster()
     if address:
         if not cluster.address:

@@ -40,14 +40,14 @@ from convoy.errors import LaunchError
 
 # Ray Train's controller polls its workers every 2 s by default, so a finished run waits up to
 # that long before fit() returns; 0.5 s keeps that wait short without the controller polling
-# five times a second on a busy machine. Ray Train's preemption watcher follows node drains,
-# which a one-machine Ray never has; it only adds an actor and an error-level line to every
-# run. Ray Train's own Prometheus metrics are exported only when a run asks for Prometheus.
-# Set for the embedded Ray only: its processes inherit this environment.
-EMBEDDED_RAY_ENV = {
-    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
-    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
-}
+# five times a second on a busy machine. Set for every run, on any cluster: Ray Train passes
+# this variable from the driver to its controller (a user's own value wins).
+RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
+
+# Ray Train's preemption watcher follows node drains, which a one-machine Ray never has; it
+# only adds an actor and an error-level line to every run. Set for the embedded Ray only: its
+# processes inherit this environment.
+EMBEDDED_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
 
 # Ray's start-up waits that a busy machine outlasts, each raised to the start-up bound.
 STARTUP_WAIT_VARIABLES = ("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "RAY_worker_register_timeout_seconds")
