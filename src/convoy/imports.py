@@ -3,7 +3,7 @@ for models, data and tasks, with one-line errors that name the config field), an
 packages of Convoy's extras (``missing_extra``: the one line that says how to install one).
 
 ``make run`` installs the core and the ``ray`` extra only; every other extra (``plot``,
-``tracking``, ``text``, ``sensors``, ``k8s``, ``lightning``, ``tune``, ``s3``) is installed by
+``tracking``, ``text``, ``sensors``, ``k8s``, ``lightning``, ``tune``) is installed by
 ``make dev`` / ``make test`` or by hand, so each feature that needs one checks for it before
 any worker starts and says the exact install line.
 """

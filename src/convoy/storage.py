@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from convoy.errors import ConfigError, ConvoyError
-from convoy.imports import missing_extra
 
 REMOTE_SCHEMES = ("s3://",)
 T = TypeVar("T")
@@ -168,12 +167,7 @@ class S3Storage(RunStorage):
     """``s3://bucket/prefix`` through pyarrow's S3 file system."""
 
     def __init__(self, uri: str) -> None:
-        try:
-            import pyarrow.fs as pafs
-        except ImportError:
-            raise ConvoyError(
-                f"run.storage_dir: got {uri!r}; {missing_extra('an s3:// run', 'pyarrow', 's3')}"
-            ) from None
+        import pyarrow.fs as pafs
         self.uri = uri.rstrip("/")
         self._pafs = pafs
         try:
