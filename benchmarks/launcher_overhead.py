@@ -15,10 +15,14 @@ an interleaved order:
 
 Time to first step = from the process start to the end of the first optimizer step on rank 0;
 steady-state step = median step time after 3 warm-up steps; total = process start to exit.
-``--src`` runs another checkout's code (``PYTHONPATH``), so a before/after pair is measured by
-the same script on the same machine.
+Each value is the median over repetitions; each ratio is the median over repetitions of the
+ratio to the torchrun run of the same repetition (runs next to each other share the machine's
+state, so pairing them cancels most of its drift). ``--src`` runs another checkout's code
+(``PYTHONPATH``); ``--before PATH`` also runs a second checkout, interleaved with ``--src``
+in every repetition, so a before/after pair is one run on one machine.
 
-    python benchmarks/launcher_overhead.py [--repeats 3] [--epochs 5] [--src PATH] [--out FILE]
+    python benchmarks/launcher_overhead.py [--repeats 3] [--epochs 5] [--modes torchrun,...]
+        [--src PATH] [--before PATH] [--out FILE]
 """
 
 from __future__ import annotations
@@ -128,12 +132,13 @@ def ray_head(env: dict[str, str], active: bool) -> Iterator[None]:
 
 
 def measure(
-    mode: str, src: Path, env: dict[str, str], storage: Path, epochs: int, index: int
+    mode: str, src: Path, env: dict[str, str], storage: Path, epochs: int, tag: str
 ) -> list[dict[str, float]]:
     launcher = "torchrun" if mode.endswith("torchrun") else "ray"
     copies = 2 if mode.startswith("2 at once") else 1
     slug = "".join(c if c.isalnum() else "-" for c in mode).strip("-")
-    names = [f"{slug}-{index}-{copy}" for copy in range(copies)]
+    names = [f"{slug}-{tag}-{copy}" for copy in range(copies)]
+    env = {**env, "PYTHONPATH": str(src.resolve())}
     with ray_head(env, mode == "ray (warm)"), busy_cores(mode.startswith("busy")):
         started = [start_run(src, env, launcher, storage, epochs, name) for name in names]
         return [finish(t, p, storage / name) for (t, p), name in zip(started, names, strict=True)]
@@ -143,23 +148,21 @@ def median_of(runs: list[dict[str, float]], key: str) -> float:
     return statistics.median(r[key] for r in runs)
 
 
+def paired_ratio(runs: list[dict[str, float]], base: list[dict[str, float]], key: str) -> float:
+    """The median over repetitions of a run's ``key`` over its repetition's torchrun run."""
+    base_of = {r["repeat"]: r[key] for r in base}
+    return statistics.median(r[key] / base_of[r["repeat"]] for r in runs)
+
+
 def render(results: dict[str, list[dict[str, float]]]) -> str:
     rows = []
     for mode, runs in results.items():
         base = results[baseline_of(mode)]
-
-        def ratio(
-            key: str, runs: list[dict[str, float]] = runs, base: list[dict[str, float]] = base
-        ) -> str:
-            return f"{median_of(runs, key) / median_of(base, key):.3f}"
-
         cells = [
             f"{median_of(runs, 'first_step'):.2f}",
             f"{median_of(runs, 'step_ms'):.2f}",
             f"{median_of(runs, 'total'):.2f}",
-            ratio("first_step"),
-            ratio("step_ms"),
-            ratio("total"),
+            *(f"{paired_ratio(runs, base, k):.3f}" for k in ("first_step", "step_ms", "total")),
             f"{median_of(runs, 'test_acc') * 100:.2f}%",
         ]
         rows.append(f"| {mode} | " + " | ".join(cells) + " |")
@@ -175,32 +178,42 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--epochs", type=int, default=5)
+    parser.add_argument("--modes", default=",".join(MODES), help="comma-separated subset")
     parser.add_argument("--src", type=Path, default=REPO / "src", help="the convoy code to run")
-    parser.add_argument("--out", type=Path, help="write the table to this markdown file")
+    parser.add_argument("--before", type=Path, help="a second checkout's src, interleaved")
+    parser.add_argument("--out", type=Path, help="write the table(s) to this markdown file")
     args = parser.parse_args()
-    results: dict[str, list[dict[str, float]]] = {m: [] for m in MODES}
+    modes = [m for m in MODES if m in args.modes.split(",")]
+    sources = {"after": args.src, "before": args.before} if args.before else {"": args.src}
+    results = {(label, m): [] for label in sources for m in modes}  # type: ignore[var-annotated]
     with tempfile.TemporaryDirectory(prefix="cvb", dir="/tmp") as tmp:
         env = {
             **os.environ,
-            "PYTHONPATH": str(args.src.resolve()),
             "RAY_TMPDIR": tmp,  # this benchmark's Ray, and only it, lives here
             "RAY_USAGE_STATS_ENABLED": "0",
         }
         env.pop("RAY_ADDRESS", None)
         for index in range(args.repeats):
-            order = MODES if index % 2 == 0 else tuple(reversed(MODES))
+            order = modes if index % 2 == 0 else modes[::-1]
+            labels = list(sources) if index % 2 == 0 else list(sources)[::-1]
             for mode in order:
-                results[mode].extend(
-                    measure(mode, args.src, env, Path(tmp) / "runs", args.epochs, index)
-                )
-                print(f"{mode}: {results[mode][-1]}", flush=True)
+                for label in labels:
+                    runs = measure(
+                        mode, sources[label], env, Path(tmp) / "runs", args.epochs,
+                        f"{label}{index}",
+                    )  # fmt: skip
+                    results[label, mode].extend({**r, "repeat": index} for r in runs)
+                    print(f"{label} {mode}: {runs}", flush=True)
         shutil.rmtree(Path(tmp) / "runs", ignore_errors=True)
-    table = render(results)
-    print(table)
+    tables = []
+    for label, src in sources.items():
+        table = render({m: results[label, m] for m in modes})
+        tables.append(f"{label} ({src}):\n\n{table}" if label else table)
+    print("\n\n".join(tables))
     if args.out:
         args.out.write_text(
             f"<!-- {date.today()} {platform.machine()} {os.cpu_count()} cores, "
-            f"src {args.src} -->\n{table}\n"
+            f"{args.repeats} repeats, {args.epochs} epochs -->\n" + "\n\n".join(tables) + "\n"
         )
 
 
