@@ -511,8 +511,10 @@ def test_ray_train_helpers_a_run_does_not_need_are_left_out(
     from convoy.launchers import ray_local
     from convoy.launchers.ray_torch import ConvoyTorchTrainer
 
-    def callback_types(**datasets: object) -> set[type]:
-        trainer = ConvoyTorchTrainer(train_loop_per_worker=lambda: None, datasets=datasets)
+    def callback_types(sole_run: bool = False, **datasets: object) -> set[type]:
+        trainer = ConvoyTorchTrainer(
+            train_loop_per_worker=lambda: None, datasets=datasets, sole_run=sole_run
+        )
         return {type(c) for c in trainer._create_default_callbacks()}
 
     monkeypatch.setattr(ray_local, "state_api_running", lambda: False)
@@ -523,6 +525,8 @@ def test_ray_train_helpers_a_run_does_not_need_are_left_out(
     assert DatasetsCallback in callback_types(train=lambda: None)
     monkeypatch.setattr(ray_local, "state_api_running", lambda: True)
     assert PlacementGroupCleanerCallback in callback_types()
+    # A driver that exits with its run (convoy train) frees the group itself.
+    assert PlacementGroupCleanerCallback not in callback_types(sole_run=True)
 
 
 @pytest.mark.parametrize("autoscaler", [True, False])
@@ -572,6 +576,46 @@ def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> No
     decision = policy.make_decision_for_non_running_worker_group()
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 3
     assert policy._coordinator_client is None  # no coordinator actor was asked for
+
+
+def test_a_joined_cluster_policy_asks_the_coordinator_only_once_the_workers_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("ray.train")
+    from ray.train.v2.api.config import ScalingConfig
+    from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+
+    from convoy.launchers import ray_torch
+
+    created: list[str] = []
+
+    class RecordingClient:
+        def __init__(self, requester_id: str) -> None:
+            created.append(requester_id)
+            self.sent: list[int] = []
+
+        def send_resource_request(self, scaling_config: object, num_workers: int) -> None:
+            self.sent.append(num_workers)
+
+        def maybe_send_resource_request(self, scaling_config: object, num_workers: int) -> None:
+            self.sent.append(num_workers)
+
+    monkeypatch.setattr(ray_torch, "_RequestWithoutWaiting", RecordingClient)
+    policy = ray_torch.UnblockedRequestsScalingPolicy(ScalingConfig(num_workers=2))
+
+    class Context:
+        run_id = "abc"
+
+    policy.after_controller_start(Context())
+    decision = policy.make_decision_for_non_running_worker_group()
+    assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
+    assert created == []  # nothing started beside the workers
+    running = policy.make_decision_for_running_worker_group(None, None)
+    assert isinstance(running, NoopDecision)
+    assert created == ["train-abc"] and policy._coordinator_client.sent == [2, 2]
+    # A restarted group (the client exists now) keeps sending as Ray Train does.
+    policy.make_decision_for_non_running_worker_group()
+    assert len(created) == 1 and policy._coordinator_client.sent == [2, 2, 2]
 
 
 def test_a_bad_job_fails_with_its_own_error_while_ray_starts_beside_it(

@@ -149,7 +149,6 @@ def ensure_ray(
     """
     if ray.is_initialized():
         return None
-    quiet_ray_loggers()
     for key, value in RUN_ENV.items():
         os.environ.setdefault(key, value)
     address = cluster.address or user_started_cluster()
@@ -163,6 +162,9 @@ def ensure_ray(
         join_cluster(ray, address)
     else:
         start_private_ray(ray, settings or RayLauncherConfig(), resources, state_api)
+    # After Ray starts, not before: importing Ray Train takes 1.5 s here, which would hold up
+    # the start of Ray's own processes.
+    quiet_ray_loggers()
     route_ray_output(ray)
     return RayConnection(private=not address)
 
@@ -311,11 +313,13 @@ def build_trainer(
     entry: WorkerEntry = TRAIN,
     callbacks: tuple[Any, ...] = (),
     autoscaler: bool = True,
+    sole_run: bool = False,
 ) -> Any:
     """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
     ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller. ``autoscaler``
-    False (a private Ray) sends the cluster no resource requests."""
+    False (a private Ray) sends the cluster no resource requests; ``sole_run``: the driver
+    exits with this run (``convoy train``, not a Tune trial)."""
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 
     from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
@@ -340,6 +344,7 @@ def build_trainer(
     return ConvoyTorchTrainer(
         prometheus=job.monitor.prometheus,
         autoscaler=autoscaler,
+        sole_run=sole_run,
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,
@@ -416,7 +421,7 @@ class RayLauncher(Launcher):
             if run_dir is not None:
                 send_ray_output_to(run_dir / RAY_LOG_FILE)
             private = started is not None and started.private
-            fit(build_trainer(job, entry, autoscaler=not private), job)
+            fit(build_trainer(job, entry, autoscaler=not private, sole_run=True), job)
         finally:
             if started:
                 ray.shutdown()

@@ -44,10 +44,18 @@ from convoy.errors import LaunchError
 # this variable from the driver to its controller (a user's own value wins).
 RUN_ENV = {"RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5"}
 
-# Ray Train's preemption watcher follows node drains, which a one-machine Ray never has; it
-# only adds an actor and an error-level line to every run. Set for the embedded Ray only: its
-# processes inherit this environment.
-EMBEDDED_RAY_ENV = {"RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0"}
+# Set for the embedded Ray only (its processes inherit this environment):
+# - Ray Train's preemption watcher follows node drains, which a one-machine Ray never has; it
+#   only adds an actor and an error-level line to every run.
+# - Ray starts one idle worker process per CPU when the first driver connects, for the
+#   driver's tasks. A run's actors (controller, workers, helpers) each start a process of
+#   their own instead (Ray Train gives them their own environment variables), so the idle
+#   ones only took CPU from the start-up: 2.4 CPU-s here, while the driver and the
+#   controller start.
+EMBEDDED_RAY_ENV = {
+    "RAY_TRAIN_ENABLE_PREEMPTION_WATCHER": "0",
+    "RAY_prestart_worker_first_driver": "0",
+}
 
 # Ray's start-up waits that a busy machine outlasts, each raised to the start-up bound.
 STARTUP_WAIT_VARIABLES = ("RAY_DASHBOARD_STARTUP_TIMEOUT_S", "RAY_worker_register_timeout_seconds")

@@ -64,23 +64,32 @@ class ConvoyTorchTrainer(TorchTrainer):
 
     - The placement-group cleaner is a detached actor that asks the dashboard's state API
       every second whether the run's controller is alive, to free the workers' placement
-      group if the controller dies while Ray keeps running. Without a state API each question
-      waits out its 10 s timeout, and the controller waits 12 s for the cleaner to stop at the
-      end of every run. A private Ray is stopped with its run, which frees everything.
+      group if the controller dies while the job's driver lives on (Ray frees a job's groups
+      when its driver exits). ``sole_run`` says the driver is ``convoy train``'s, which exits
+      when its controller dies: the cleaner has nothing to do there, and its start (a process
+      while the workers start) is left out. Without a state API each of its questions waits
+      out a 10 s timeout and the controller waits 12 s for it to stop at the end of every run,
+      so it is left out then too. Tune's trials (one driver, many runs) keep it elsewhere.
     - Ray Train's own metrics (controller and worker callbacks) feed the dashboard's Grafana
       panels; they are kept when the run exports Prometheus metrics (``monitor.prometheus``).
     - The dataset manager serves Ray Data shards; a run without Ray Data datasets has none.
     - The autoscaling coordinator passes the workers' resource request to the cluster's
       autoscaler: a private Ray (``autoscaler=False``) is one fixed node with none, and
-      elsewhere the request is sent without holding up the start.
+      elsewhere the request is sent once the workers run, without waiting for a reply.
     """
 
     def __init__(
-        self, *args: Any, prometheus: bool = False, autoscaler: bool = True, **kwargs: Any
+        self,
+        *args: Any,
+        prometheus: bool = False,
+        autoscaler: bool = True,
+        sole_run: bool = False,
+        **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._prometheus = prometheus
         self._autoscaler = autoscaler
+        self._sole_run = sole_run
 
     def _create_default_callbacks(self) -> list[Any]:
         from ray.train.v2._internal.callbacks import DatasetsCallback
@@ -97,8 +106,9 @@ class ConvoyTorchTrainer(TorchTrainer):
         # mypy sees Train V1's TorchTrainer; Ray 2.60 exports V2's, which has this method.
         callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
         dropped: tuple[type, ...] = () if self.datasets else (DatasetsCallback,)
-        if not state_api_running():
+        if self._sole_run or not state_api_running():
             dropped += (PlacementGroupCleanerCallback,)
+        if not state_api_running():
             if not self._prometheus:
                 dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
         return [c for c in callbacks if not isinstance(c, dropped)]
@@ -141,12 +151,28 @@ class _RequestWithoutWaiting(TrainAutoscalingCoordinatorClient):
 
 class UnblockedRequestsScalingPolicy(FixedScalingPolicy):
     """Ray Train's fixed-size policy whose resource requests to the cluster's autoscaler do
-    not hold up the start. Ray Train waits up to 5 s for each request's reply; the first
-    waits for the coordinator actor (detached, one per cluster) to start, 1.2 s here on a
-    fresh ``ray start`` head. The workers' placement group is a demand the autoscaler sees
-    either way; the request only adds Ray Data's coordination, which needs no reply."""
+    not hold up the start. Ray Train creates the coordinator actor (detached, one per
+    cluster) as its controller starts and waits up to 5 s for each request's reply: on a fresh
+    ``ray start`` head its process starts beside the workers' (Ray starts as many at once as
+    the node has CPUs) and held their start by 1.3-1.9 s here. The workers' placement group is
+    a demand the autoscaler sees either way; the request only adds Ray Data's coordination
+    (keep these resources for training), which needs no reply and starts once the workers
+    run."""
 
     def after_controller_start(self, train_run_context: Any) -> None:
         self._requester_id = f"train-{train_run_context.run_id}"
-        self._coordinator_client = _RequestWithoutWaiting(self._requester_id)
-        self._send_resource_request()
+
+    def _maybe_send_resource_request(self) -> None:
+        if self._coordinator_client is not None:
+            super()._maybe_send_resource_request()
+
+    def make_decision_for_running_worker_group(
+        self, worker_group_state: Any, worker_group_status: Any
+    ) -> Any:
+        if self._coordinator_client is None:
+            assert self._requester_id is not None
+            self._coordinator_client = _RequestWithoutWaiting(self._requester_id)
+            self._send_resource_request()
+        return super().make_decision_for_running_worker_group(
+            worker_group_state, worker_group_status
+        )
