@@ -60,6 +60,7 @@ def ray_session(s3):
         resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
         settings=RayLauncherConfig(),
         state_api=True,
+        metrics=True,  # the monitoring test reads the workers' Prometheus metrics
     )
     yield ray
     ray.shutdown()

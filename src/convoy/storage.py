@@ -168,6 +168,7 @@ class S3Storage(RunStorage):
 
     def __init__(self, uri: str) -> None:
         import pyarrow.fs as pafs
+
         self.uri = uri.rstrip("/")
         self._pafs = pafs
         try:

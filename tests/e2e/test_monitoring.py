@@ -103,7 +103,7 @@ def test_a_ray_run_reports_every_epoch_in_order_and_exports_per_rank_metrics(
     callback = type("ReportLogCallback", (ReportLog, UserCallback), {})(log)
     job = digits_job(
         tmp_path, "watched", "ray", "run.epochs=4", "scaling.cpus_per_worker=0.5",
-        "checkpoint.every_epochs=2", *SLOW_RANK_1,
+        "checkpoint.every_epochs=2", "monitor.prometheus=true", *SLOW_RANK_1,
     )  # fmt: skip
     write_config(job)
     with scraping(port, job.run.name or "") as seen:

@@ -99,6 +99,15 @@ def niceness(pid: int) -> int:
     return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
 
 
+def ray_metrics_setting(pid: int) -> str | None:
+    """The worker's ``RAY_enable_metrics_collection`` (None: Ray's default, on)."""
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        key, _, value = entry.decode(errors="replace").partition("=")
+        if key == "RAY_enable_metrics_collection":
+            return value
+    return None
+
+
 def env_for(ray_tmp: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env.pop("RAY_API_SERVER_ADDRESS", None)
@@ -191,10 +200,14 @@ def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_not
     same_metrics(summary_of(fresh), alone)
 
 
-def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> dict[str, dict[int, int]]:
+Seen = dict[str, dict[int, tuple[int, str | None]]]
+
+
+def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
     """Until every process ends: the train workers that descend from each process, with the
-    nice value each was last seen at. No worker may descend from two of them."""
-    seen: dict[str, dict[int, int]] = {name: {} for name in processes}
+    nice value each was last seen at and its Ray metrics setting. No worker may descend from
+    two of them."""
+    seen: Seen = {name: {} for name in processes}
     strangers: list[tuple[int, list[int]]] = []
     while any(p.poll() is None for p in processes.values()):
         for worker, chain in train_workers().items():
@@ -203,7 +216,7 @@ def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> dict[str, dict
                 strangers.append((worker, chain))
             for owner in owners:
                 with contextlib.suppress(OSError):  # it ended meanwhile
-                    seen[owner][worker] = niceness(worker)
+                    seen[owner][worker] = (niceness(worker), ray_metrics_setting(worker))
         time.sleep(0.2)
     assert not strangers, strangers
     return seen
@@ -280,4 +293,7 @@ def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_traceba
     output = finish(make)
     assert "epoch 1/1" in output and "run dir:" in output, output
     # Ray's default would be nice 15: a quarter of a fair share against the spinners.
-    assert len(workers) == 2 and set(workers.values()) == {os.getpriority(os.PRIO_PROCESS, 0)}
+    assert len(workers) == 2
+    assert {nice for nice, _ in workers.values()} == {os.getpriority(os.PRIO_PROCESS, 0)}
+    # A run without monitor.prometheus has no use for Ray's metrics collection.
+    assert {metrics for _, metrics in workers.values()} == {"0"}

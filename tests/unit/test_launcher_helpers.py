@@ -34,6 +34,8 @@ from convoy.launchers.torchrun import (
 )
 from convoy.network import interface_with_address, socket_interface_env
 
+REPO = Path(__file__).resolve().parents[2]
+
 
 def test_resolve_run_makes_storage_absolute_and_names_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -566,8 +568,8 @@ def test_fixed_size_runs_never_wait_on_the_autoscaling_coordinator(
 
 def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> None:
     pytest.importorskip("ray.train")
-    from ray.train.v2.api.config import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
+    from ray.train.v2.api.config import ScalingConfig
 
     from convoy.launchers.ray_torch import NoAutoscalerScalingPolicy
 
@@ -582,8 +584,8 @@ def test_a_joined_cluster_policy_asks_the_coordinator_only_once_the_workers_run(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     pytest.importorskip("ray.train")
-    from ray.train.v2.api.config import ScalingConfig
     from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
+    from ray.train.v2.api.config import ScalingConfig
 
     from convoy.launchers import ray_torch
 
@@ -646,3 +648,29 @@ def test_a_bad_job_fails_with_its_own_error_while_ray_starts_beside_it(
     with pytest.raises(ConfigError, match=r"^model.name"):
         ray_launcher.RayLauncher().launch(job)
     assert not list(tmp_path.iterdir())  # nothing written for a job that never ran
+
+
+@pytest.mark.parametrize(
+    ("setting", "private", "expected"),
+    [(None, True, False), (None, False, True), (True, True, True), (False, False, False)],
+)
+def test_prometheus_export_is_on_where_a_prometheus_can_scrape_it(
+    tmp_path: Path, setting: bool | None, private: bool, expected: bool
+) -> None:
+    from convoy.launchers.ray_local import prometheus_enabled
+
+    overrides = [] if setting is None else [f"monitor.prometheus={str(setting).lower()}"]
+    job = load_job(REPO / "recipes" / "default.yaml", overrides)
+    assert prometheus_enabled(job, private=private) is expected
+
+
+def test_a_private_rays_processes_know_it_without_being_told(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from convoy.launchers.ray_local import PRIVATE_RAY_VARIABLE, prometheus_enabled
+
+    job = load_job(REPO / "recipes" / "default.yaml", [])
+    monkeypatch.setenv(PRIVATE_RAY_VARIABLE, "1")  # as a worker of a private Ray has it
+    assert prometheus_enabled(job) is False
+    monkeypatch.delenv(PRIVATE_RAY_VARIABLE)
+    assert prometheus_enabled(job) is True

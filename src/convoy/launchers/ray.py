@@ -37,6 +37,7 @@ from convoy.launchers.base import (
 from convoy.launchers.ray_local import (
     RUN_ENV,
     probe_gcs_client,
+    prometheus_enabled,
     route_ray_output,
     send_ray_output_to,
     set_process_niceness,
@@ -138,14 +139,15 @@ def ensure_ray(
     resources: dict[str, float] | None = None,
     settings: RayLauncherConfig | None = None,
     state_api: bool = False,
+    metrics: bool = False,
 ) -> RayConnection | None:
     """Connect to or start Ray; the connection if this call made it (and must shut it down).
 
     ``RAY_ADDRESS`` names a cluster to join. Without it, a Ray a user started on this machine
     (``ray start``) is joined if it answers, and said so; otherwise a private local Ray is
     started for this process and stopped after it (``convoy.launchers.ray_local``), with the
-    custom ``resources`` given (a sweep's trial-driver slots) and, with ``state_api``, the
-    dashboard. Either way, Ray's own output is routed away from the terminal.
+    custom ``resources`` given (a sweep's trial-driver slots), with ``state_api``, the
+    dashboard, and without ``metrics``, no metrics collection. Either way, Ray's own output is routed away from the terminal.
     """
     if ray.is_initialized():
         return None
@@ -161,7 +163,7 @@ def ensure_ray(
             )
         join_cluster(ray, address)
     else:
-        start_private_ray(ray, settings or RayLauncherConfig(), resources, state_api)
+        start_private_ray(ray, settings or RayLauncherConfig(), resources, state_api, metrics)
     # After Ray starts, not before: importing Ray Train takes 1.5 s here, which would hold up
     # the start of Ray's own processes.
     quiet_ray_loggers()
@@ -342,7 +344,7 @@ def build_trainer(
             "dataset_config": DataConfig(datasets_to_split=["train"]),
         }
     return ConvoyTorchTrainer(
-        prometheus=job.monitor.prometheus,
+        prometheus=prometheus_enabled(job),
         autoscaler=autoscaler,
         sole_run=sole_run,
         train_loop_per_worker=ray_worker_main,
@@ -390,7 +392,12 @@ class RayLauncher(Launcher):
         with ThreadPoolExecutor(1, thread_name_prefix="convoy-check") as pool:
             checking = pool.submit(self.check, job, entry)
             try:
-                started = ensure_ray(ray, self.cluster, settings=job.scaling.ray)
+                started = ensure_ray(
+                    ray,
+                    self.cluster,
+                    settings=job.scaling.ray,
+                    metrics=job.monitor.prometheus is True,
+                )
             except BaseException:
                 checking.result()
                 raise
@@ -404,7 +411,9 @@ class RayLauncher(Launcher):
 
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         ray = import_ray()
-        started = ensure_ray(ray, self.cluster, settings=job.scaling.ray)
+        started = ensure_ray(
+            ray, self.cluster, settings=job.scaling.ray, metrics=job.monitor.prometheus is True
+        )
         return self.run_on(ray, started, job, entry)
 
     def run_on(
@@ -421,6 +430,10 @@ class RayLauncher(Launcher):
             if run_dir is not None:
                 send_ray_output_to(run_dir / RAY_LOG_FILE)
             private = started is not None and started.private
+            monitor = job.monitor.model_copy(
+                update={"prometheus": prometheus_enabled(job, private=private)}
+            )
+            job = job.model_copy(update={"monitor": monitor})
             fit(build_trainer(job, entry, autoscaler=not private, sole_run=True), job)
         finally:
             if started:
@@ -578,7 +591,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
 
 
 def _prometheus_sinks(job: Job, rank: int) -> tuple[Any, ...]:
-    if not job.monitor.prometheus:
+    if not prometheus_enabled(job):
         return ()
     from convoy.integrations.prometheus import PrometheusSink
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from convoy.config import RayLauncherConfig
+from convoy.config import Job, RayLauncherConfig
 from convoy.distributed import free_port
 from convoy.errors import LaunchError
 
@@ -153,23 +153,33 @@ def start_private_ray(
     settings: RayLauncherConfig,
     resources: dict[str, float] | None = None,
     state_api: bool = False,
+    metrics: bool = False,
 ) -> None:
     """Start a local Ray private to this process, retrying within ``settings.start_timeout_s``.
 
     ``state_api``: start the dashboard too (on loopback), for callers that keep Ray running
     after a Ray Train run is stopped (``convoy tune``): Ray Train's placement-group cleaner
     needs its state API. A plain run stops its Ray at the end, which frees everything.
+    ``metrics``: keep Ray's metrics collection (``monitor.prometheus`` exports through it).
     """
     deadline = time.monotonic() + settings.start_timeout_s
     for key in STARTUP_WAIT_VARIABLES:
         os.environ.setdefault(key, str(int(settings.start_timeout_s)))
     for key, value in EMBEDDED_RAY_ENV.items():
         os.environ.setdefault(key, value)
+    # Every Ray process (the train workers too) records and exports its metrics every few
+    # seconds for the dashboard's Prometheus endpoint, which nothing reads in a run without
+    # monitor.prometheus: steady step 1.048x torchrun's with it, 1.007x without
+    # (benchmarks/launcher_overhead_cpu_2026-11-26.md). Set while this Ray starts (its
+    # processes keep it), not after: a later private Ray in this process may want metrics.
+    metrics_env = {} if metrics else {"RAY_enable_metrics_collection": "0"}
+    private_env = {PRIVATE_RAY_VARIABLE: "1", **metrics_env}
     # Ray starts its workers at nice 15; at the user's priority they compete with torchrun's.
     os.environ.setdefault("RAY_worker_niceness", str(worker_niceness(settings)))
     while True:
         try:
             with (
+                environment(private_env),
                 private_temp_dir() as temp_dir,
                 state_api_pinned(state_api) as dashboard_port,
                 silenced("ray._private.services"),  # its 20-line dump of a failed dashboard
@@ -206,6 +216,32 @@ def start_private_ray(
             flush=True,
         )
     print(f"convoy: started a private Ray for this run; {ray_logs_note(ray)}", flush=True)
+
+
+# Set in the processes of a private Ray (its workers and Tune's trial actors inherit it).
+PRIVATE_RAY_VARIABLE = "CONVOY_PRIVATE_RAY"
+
+
+def prometheus_enabled(job: Job, private: bool | None = None) -> bool:
+    """``monitor.prometheus``, or where unset, whether the run's Ray is shared (``private``
+    None: whether this process belongs to a private Ray)."""
+    if job.monitor.prometheus is not None:
+        return job.monitor.prometheus
+    if private is None:
+        private = os.environ.get(PRIVATE_RAY_VARIABLE) == "1"
+    return not private
+
+
+@contextlib.contextmanager
+def environment(values: dict[str, str]) -> Iterator[None]:
+    """``values`` in ``os.environ`` for the block, where the user has not set them."""
+    added = {key: value for key, value in values.items() if key not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 @contextlib.contextmanager

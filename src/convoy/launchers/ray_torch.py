@@ -106,11 +106,11 @@ class ConvoyTorchTrainer(TorchTrainer):
         # mypy sees Train V1's TorchTrainer; Ray 2.60 exports V2's, which has this method.
         callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
         dropped: tuple[type, ...] = () if self.datasets else (DatasetsCallback,)
-        if self._sole_run or not state_api_running():
+        state_api = state_api_running()
+        if self._sole_run or not state_api:
             dropped += (PlacementGroupCleanerCallback,)
-        if not state_api_running():
-            if not self._prometheus:
-                dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
+        if not state_api and not self._prometheus:
+            dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
         return [c for c in callbacks if not isinstance(c, dropped)]
 
     def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:

@@ -422,6 +422,7 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
         resources={TRIAL_DRIVER: float(sweep.trials)},
         settings=sweep.largest.scaling.ray,
         state_api=True,
+        metrics=sweep.largest.monitor.prometheus is True,
     )
     try:
         prepare_on_cluster(ray, sweep.largest)
