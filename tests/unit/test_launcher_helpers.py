@@ -381,6 +381,11 @@ def test_lost_nodes_are_read_from_ray_worker_failures() -> None:
     assert lost_nodes({0: app}) == []
     # A survivor's collective losing its peer names a candidate; the GCS decides (dead_nodes).
     assert lost_nodes({0: peer}) == ["10.213.2.5"]
+    closed = RuntimeError(
+        "[third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+        "[10.213.1.3]:42186. This is typically caused by a remote worker crashing."
+    )
+    assert lost_nodes({0: closed}) == ["10.213.1.3"]
 
 
 def test_a_range_in_a_recipe_file_is_a_range_not_a_base_60_number(tmp_path: Path) -> None:
@@ -674,3 +679,20 @@ def test_a_private_rays_processes_know_it_without_being_told(
     assert prometheus_enabled(job) is False
     monkeypatch.delenv(PRIVATE_RAY_VARIABLE)
     assert prometheus_enabled(job) is True
+
+
+def test_a_private_rays_environment_is_set_only_while_it_starts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from convoy.launchers.ray_local import environment
+
+    metrics = "RAY_enable_metrics_collection"  # Ray's spelling
+    monkeypatch.setenv(metrics, "1")  # the user's own value
+    monkeypatch.delenv("CONVOY_PRIVATE_RAY", raising=False)
+    wanted = {metrics: "0", "CONVOY_PRIVATE_RAY": "1"}
+    with environment(wanted):
+        assert os.environ["CONVOY_PRIVATE_RAY"] == "1"
+        assert os.environ[metrics] == "1"  # the user's wins
+    # A later Ray in this process (one that wants metrics) starts from a clean slate.
+    assert "CONVOY_PRIVATE_RAY" not in os.environ
+    assert os.environ[metrics] == "1"

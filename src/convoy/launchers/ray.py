@@ -147,7 +147,8 @@ def ensure_ray(
     (``ray start``) is joined if it answers, and said so; otherwise a private local Ray is
     started for this process and stopped after it (``convoy.launchers.ray_local``), with the
     custom ``resources`` given (a sweep's trial-driver slots), with ``state_api``, the
-    dashboard, and without ``metrics``, no metrics collection. Either way, Ray's own output is routed away from the terminal.
+    dashboard, and without ``metrics``, no metrics collection. Either way, Ray's own output
+    is routed away from the terminal.
     """
     if ray.is_initialized():
         return None
@@ -491,12 +492,17 @@ def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
             r"health check failed|actor .* unavailable|node (has )?died|raylet .*died", text, re.I
         )
         ip = re.search(r"node_ip='([^']+)'|\bip: (\S+)", text)
-        # A surviving rank may report first: its collective lost the peer ("[ip]:port:
-        # Connection reset by peer" from gloo). dead_nodes() then asks the GCS about that peer.
-        peer = re.search(r"\[([\d.]+)\]:\d+: Connection (reset|closed) by peer", text)
+        # A surviving rank may report first: its collective lost the peer, which gloo words
+        # as "Read error [ip]:port: Connection reset by peer" or "Connection closed by peer
+        # [ip]:port". dead_nodes() then asks the GCS about that peer.
+        peer = re.search(
+            r"\[([\d.]+)\]:\d+: Connection (?:reset|closed) by peer"
+            r"|Connection (?:reset|closed) by peer \[([\d.]+)\]:\d+",
+            text,
+        )
         for address in (
             (ip.group(1) or ip.group(2)) if unreachable and ip else None,
-            peer.group(1) if peer else None,
+            (peer.group(1) or peer.group(2)) if peer else None,
         ):
             if address and address not in lost:
                 lost.append(address)
