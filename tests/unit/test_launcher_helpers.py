@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -536,9 +537,9 @@ def test_ray_train_helpers_a_run_does_not_need_are_left_out(
     assert PlacementGroupCleanerCallback not in callback_types(sole_run=True)
 
 
-@pytest.mark.parametrize("autoscaler", [True, False])
+@pytest.mark.parametrize("private_ray", [True, False])
 def test_fixed_size_runs_never_wait_on_the_autoscaling_coordinator(
-    monkeypatch: pytest.MonkeyPatch, autoscaler: bool
+    monkeypatch: pytest.MonkeyPatch, private_ray: bool
 ) -> None:
     pytest.importorskip("ray.train")
     from ray.train import ScalingConfig
@@ -555,20 +556,79 @@ def test_fixed_size_runs_never_wait_on_the_autoscaling_coordinator(
     )
 
     given: list[object] = []
-    monkeypatch.setattr(
-        DataParallelTrainer,
-        "_initialize_and_run_controller",
-        lambda self, **kwargs: given.append(kwargs["scaling_policy"]),
-    )
-    trainer = ConvoyTorchTrainer(train_loop_per_worker=lambda: None, autoscaler=autoscaler)
+    controller_env: list[str | None] = []
+
+    def run_controller(self: object, **kwargs: object) -> None:
+        given.append(kwargs["scaling_policy"])
+        controller_env.append(os.environ.get("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"))
+
+    monkeypatch.setattr(DataParallelTrainer, "_initialize_and_run_controller", run_controller)
+    monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", "1")
+    trainer = ConvoyTorchTrainer(train_loop_per_worker=lambda: None, private_ray=private_ray)
     fixed = ScalingConfig(num_workers=2)
     trainer._initialize_and_run_controller(scaling_policy=FixedScalingPolicy(fixed))
-    expected = UnblockedRequestsScalingPolicy if autoscaler else NoAutoscalerScalingPolicy
+    expected = NoAutoscalerScalingPolicy if private_ray else UnblockedRequestsScalingPolicy
     assert type(given[-1]) is expected and given[-1].scaling_config is fixed
+    # The controller starts no watcher of its own (the deferred one replaces it), and the
+    # user's setting is back once the run ends.
+    assert controller_env == ["0"] and os.environ["RAY_TRAIN_ENABLE_PREEMPTION_WATCHER"] == "1"
     # An elastic run keeps Ray Train's own policy, which asks the autoscaler for its range.
     elastic = ElasticScalingPolicy(ScalingConfig(num_workers=(1, 2)))
     trainer._initialize_and_run_controller(scaling_policy=elastic)
     assert given[-1] is elastic
+
+
+@pytest.mark.parametrize(
+    ("private_ray", "user_setting", "watched"),
+    [(False, None, True), (True, None, False), (False, "0", False), (True, "1", True)],
+)
+def test_the_preemption_watcher_runs_where_a_node_can_be_drained(
+    monkeypatch: pytest.MonkeyPatch, private_ray: bool, user_setting: str | None, watched: bool
+) -> None:
+    pytest.importorskip("ray.train")
+    from convoy.launchers import ray_local
+    from convoy.launchers.ray_torch import ConvoyTorchTrainer, DeferredPreemptionCallback
+
+    monkeypatch.setattr(ray_local, "state_api_running", lambda: False)
+    if user_setting is None:
+        monkeypatch.delenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", raising=False)
+    else:
+        monkeypatch.setenv("RAY_TRAIN_ENABLE_PREEMPTION_WATCHER", user_setting)
+    trainer = ConvoyTorchTrainer(train_loop_per_worker=lambda: None, private_ray=private_ray)
+    kinds = [type(c) for c in trainer._create_default_callbacks()]
+    assert kinds.count(DeferredPreemptionCallback) == int(watched)
+
+
+def test_the_preemption_watcher_starts_once_the_group_has_trained_a_while(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    pytest.importorskip("ray.train")
+    from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
+
+    from convoy.launchers import ray_torch
+
+    started: list[object] = []
+    stopped: list[bool] = []
+    monkeypatch.setattr(
+        PreemptionCallback, "after_worker_group_start", lambda self, group: started.append(group)
+    )
+    monkeypatch.setattr(PreemptionCallback, "_stop_watcher", lambda self: stopped.append(True))
+    clock = [100.0]
+    monkeypatch.setattr(ray_torch.time, "monotonic", lambda: clock[0])
+    callback = ray_torch.DeferredPreemptionCallback()
+    callback.after_worker_group_start("group-1")
+    callback.after_worker_group_poll_status(None)
+    assert started == []  # not as the workers start
+    clock[0] += ray_torch.LONG_RUN_HELPERS_AFTER_S
+    callback.after_worker_group_poll_status(None)
+    callback.after_worker_group_poll_status(None)
+    assert started == ["group-1"]  # once, after the delay
+    # A group shut down before the delay never gets one.
+    callback.after_worker_group_start("group-2")
+    callback.before_worker_group_shutdown("group-2")
+    clock[0] += ray_torch.LONG_RUN_HELPERS_AFTER_S
+    callback.after_worker_group_poll_status(None)
+    assert started == ["group-1"] and stopped
 
 
 def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> None:
@@ -613,11 +673,18 @@ def test_a_joined_cluster_policy_asks_the_coordinator_only_once_the_workers_run(
     class Context:
         run_id = "abc"
 
+    class GroupState:
+        start_time = time.monotonic()
+
     policy.after_controller_start(Context())
     decision = policy.make_decision_for_non_running_worker_group()
     assert isinstance(decision, ResizeDecision) and decision.num_workers == 2
     assert created == []  # nothing started beside the workers
-    running = policy.make_decision_for_running_worker_group(None, None)
+    running = policy.make_decision_for_running_worker_group(GroupState(), None)
+    assert isinstance(running, NoopDecision)
+    assert created == []  # nor in the group's first seconds of training
+    GroupState.start_time -= ray_torch.LONG_RUN_HELPERS_AFTER_S
+    running = policy.make_decision_for_running_worker_group(GroupState(), None)
     assert isinstance(running, NoopDecision)
     assert created == ["train-abc"] and policy._coordinator_client.sent == [2, 2]
     # A restarted group (the client exists now) keeps sending as Ray Train does.

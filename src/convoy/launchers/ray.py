@@ -315,14 +315,15 @@ def build_trainer(
     job: Job,
     entry: WorkerEntry = TRAIN,
     callbacks: tuple[Any, ...] = (),
-    autoscaler: bool = True,
+    private_ray: bool = False,
     sole_run: bool = False,
 ) -> Any:
     """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
-    ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller. ``autoscaler``
-    False (a private Ray) sends the cluster no resource requests; ``sole_run``: the driver
-    exits with this run (``convoy train``, not a Tune trial)."""
+    ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller.
+    ``private_ray``: the run's own one-node Ray (no autoscaler to ask, no drain notices to
+    watch); ``sole_run``: the driver exits with this run (``convoy train``, not a Tune
+    trial)."""
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 
     from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
@@ -346,7 +347,7 @@ def build_trainer(
         }
     return ConvoyTorchTrainer(
         prometheus=prometheus_enabled(job),
-        autoscaler=autoscaler,
+        private_ray=private_ray,
         sole_run=sole_run,
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
@@ -435,7 +436,7 @@ class RayLauncher(Launcher):
                 update={"prometheus": prometheus_enabled(job, private=private)}
             )
             job = job.model_copy(update={"monitor": monitor})
-            fit(build_trainer(job, entry, autoscaler=not private, sole_run=True), job)
+            fit(build_trainer(job, entry, private_ray=private, sole_run=True), job)
         finally:
             if started:
                 ray.shutdown()

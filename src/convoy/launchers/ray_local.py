@@ -222,14 +222,17 @@ def start_private_ray(
 PRIVATE_RAY_VARIABLE = "CONVOY_PRIVATE_RAY"
 
 
+def on_private_ray() -> bool:
+    """Whether this process belongs to a private Ray (its driver, worker or trial actor)."""
+    return os.environ.get(PRIVATE_RAY_VARIABLE) == "1"
+
+
 def prometheus_enabled(job: Job, private: bool | None = None) -> bool:
     """``monitor.prometheus``, or where unset, whether the run's Ray is shared (``private``
     None: whether this process belongs to a private Ray)."""
     if job.monitor.prometheus is not None:
         return job.monitor.prometheus
-    if private is None:
-        private = os.environ.get(PRIVATE_RAY_VARIABLE) == "1"
-    return not private
+    return not (on_private_ray() if private is None else private)
 
 
 @contextlib.contextmanager

@@ -10,8 +10,10 @@ nodes fails with ``Gloo connectFullMesh failed``. Imported only by the ``ray`` l
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,6 +23,11 @@ from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator impor
 from ray.train._internal.autoscaling_coordinator_client import build_train_resource_request
 from ray.train.torch import TorchConfig, TorchTrainer
 from ray.train.torch.config import _TorchBackend
+from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
+from ray.train.v2._internal.constants import (
+    DEFAULT_ENABLE_PREEMPTION_WATCHER,
+    ENABLE_PREEMPTION_WATCHER_ENV_VAR,
+)
 from ray.train.v2._internal.execution.scaling_policy import (
     AUTOSCALING_REQUESTS_EXPIRE_TIME_S,
     FixedScalingPolicy,
@@ -30,6 +37,14 @@ from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_cli
 )
 
 from convoy.network import socket_interface_env
+
+# How long a worker group trains before the helpers that serve long runs start: Ray Train's
+# preemption watcher and the autoscaling coordinator's request. Each is a Python process
+# (about 1 CPU-s to start) that Ray Train starts as training begins, where it slowed a 2-core
+# machine's first steps (warm first step 1.61x -> 1.48x torchrun's without the watcher).
+# A preemption in the first seconds loses only those seconds, and the workers' placement
+# group is already the autoscaler's demand.
+LONG_RUN_HELPERS_AFTER_S = 10.0
 
 
 def use_node_interface() -> dict[str, str]:
@@ -74,22 +89,31 @@ class ConvoyTorchTrainer(TorchTrainer):
       panels; they are kept when the run exports Prometheus metrics (``monitor.prometheus``).
     - The dataset manager serves Ray Data shards; a run without Ray Data datasets has none.
     - The autoscaling coordinator passes the workers' resource request to the cluster's
-      autoscaler: a private Ray (``autoscaler=False``) is one fixed node with none, and
-      elsewhere the request is sent once the workers run, without waiting for a reply.
+      autoscaler: a private Ray (``private_ray``) is one fixed node with none, and elsewhere
+      the request is sent once the workers have trained ``LONG_RUN_HELPERS_AFTER_S``, without
+      waiting for a reply.
+    - The preemption watcher polls the GCS for drained nodes. A private Ray's one node is
+      this machine, which no drain notice reaches, so it has none (unless
+      ``RAY_TRAIN_ENABLE_PREEMPTION_WATCHER=1``); elsewhere it starts once the workers have
+      trained ``LONG_RUN_HELPERS_AFTER_S`` (``DeferredPreemptionCallback``).
     """
 
     def __init__(
         self,
         *args: Any,
         prometheus: bool = False,
-        autoscaler: bool = True,
+        private_ray: bool = False,
         sole_run: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
         self._prometheus = prometheus
-        self._autoscaler = autoscaler
+        self._private_ray = private_ray
         self._sole_run = sole_run
+        self._preemption_watcher = env_flag(
+            ENABLE_PREEMPTION_WATCHER_ENV_VAR,
+            DEFAULT_ENABLE_PREEMPTION_WATCHER and not private_ray,
+        )
 
     def _create_default_callbacks(self) -> list[Any]:
         from ray.train.v2._internal.callbacks import DatasetsCallback
@@ -111,16 +135,75 @@ class ConvoyTorchTrainer(TorchTrainer):
             dropped += (PlacementGroupCleanerCallback,)
         if not state_api and not self._prometheus:
             dropped += (ControllerMetricsCallback, WorkerMetricsCallback)
-        return [c for c in callbacks if not isinstance(c, dropped)]
+        kept = [c for c in callbacks if not isinstance(c, dropped)]
+        if self._preemption_watcher:
+            kept.append(DeferredPreemptionCallback())
+        return kept
 
     def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:
         policy = controller_kwargs["scaling_policy"]
         if type(policy) is FixedScalingPolicy:
             fixed = (
-                UnblockedRequestsScalingPolicy if self._autoscaler else NoAutoscalerScalingPolicy
+                NoAutoscalerScalingPolicy if self._private_ray else UnblockedRequestsScalingPolicy
             )
             controller_kwargs["scaling_policy"] = fixed(policy.scaling_config)
-        return super()._initialize_and_run_controller(**controller_kwargs)  # type: ignore[misc]
+        # The controller reads this when it starts (Ray Train passes the driver's RAY_TRAIN_*
+        # variables to it): its own watcher, started with the workers, is replaced by the
+        # deferred one above.
+        with set_env(ENABLE_PREEMPTION_WATCHER_ENV_VAR, "0"):
+            return super()._initialize_and_run_controller(**controller_kwargs)  # type: ignore[misc]
+
+
+@contextlib.contextmanager
+def set_env(name: str, value: str) -> Iterator[None]:
+    """``os.environ[name] = value`` for the block, then as it was."""
+    was = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if was is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = was
+
+
+def env_flag(name: str, default: bool) -> bool:
+    """A boolean environment variable as Ray reads them (``1`` / ``true``), else ``default``."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    return value.strip().lower() in ("1", "true", "yes")
+
+
+class DeferredPreemptionCallback(PreemptionCallback):
+    """Ray Train's preemption watcher, started once the worker group has trained
+    ``LONG_RUN_HELPERS_AFTER_S`` rather than as it starts. A drain notice that came before
+    is still seen: the watcher's first poll reads the node's drain state from the GCS."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._waiting: tuple[Any, float] | None = None
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        self._stop_watcher()
+        self._waiting = (worker_group, time.monotonic())
+
+    def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
+        if self._waiting is None:
+            return
+        worker_group, started = self._waiting
+        if time.monotonic() - started >= LONG_RUN_HELPERS_AFTER_S:
+            self._waiting = None
+            super().after_worker_group_start(worker_group)
+
+    def before_worker_group_shutdown(self, worker_group: Any) -> None:
+        self._waiting = None
+        super().before_worker_group_shutdown(worker_group)
+
+    def after_worker_group_abort(self, worker_group_context: Any) -> None:
+        self._waiting = None
+        super().after_worker_group_abort(worker_group_context)
 
 
 class NoAutoscalerScalingPolicy(FixedScalingPolicy):
@@ -157,7 +240,7 @@ class UnblockedRequestsScalingPolicy(FixedScalingPolicy):
     the node has CPUs) and held their start by 1.3-1.9 s here. The workers' placement group is
     a demand the autoscaler sees either way; the request only adds Ray Data's coordination
     (keep these resources for training), which needs no reply and starts once the workers
-    run."""
+    have trained ``LONG_RUN_HELPERS_AFTER_S``."""
 
     def after_controller_start(self, train_run_context: Any) -> None:
         self._requester_id = f"train-{train_run_context.run_id}"
@@ -169,6 +252,14 @@ class UnblockedRequestsScalingPolicy(FixedScalingPolicy):
     def make_decision_for_running_worker_group(
         self, worker_group_state: Any, worker_group_status: Any
     ) -> Any:
+        if (
+            self._coordinator_client is None
+            and worker_group_state is not None
+            and time.monotonic() - worker_group_state.start_time < LONG_RUN_HELPERS_AFTER_S
+        ):
+            return super().make_decision_for_running_worker_group(
+                worker_group_state, worker_group_status
+            )
         if self._coordinator_client is None:
             assert self._requester_id is not None
             self._coordinator_client = _RequestWithoutWaiting(self._requester_id)

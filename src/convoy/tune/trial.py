@@ -24,6 +24,7 @@ def run_trial(config: dict[str, Any], recipe: dict[str, Any]) -> None:
 
     from convoy.launchers.base import default_entry
     from convoy.launchers.ray import build_trainer, fit, prepare_on_cluster
+    from convoy.launchers.ray_local import on_private_ray
     from convoy.outputs import write_config
     from convoy.preflight import resolve_tracking
 
@@ -35,7 +36,12 @@ def run_trial(config: dict[str, Any], recipe: dict[str, Any]) -> None:
     job = prepare_on_cluster(ray, job)
     write_config(job)
     # The recipe's own entry: a recipe with a ``lightning:`` section trains its LightningModule.
-    trainer = build_trainer(job, entry=default_entry(job), callbacks=(TuneReportCallback(),))
+    trainer = build_trainer(
+        job,
+        entry=default_entry(job),
+        callbacks=(TuneReportCallback(),),
+        private_ray=on_private_ray(),
+    )
     fit(trainer, job)
 
 
