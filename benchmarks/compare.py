@@ -68,7 +68,7 @@ runs `convoy bench compare {RECIPE} --workers 2 -o scaling.launcher=torchrun
   times are noisy.
 - Same seed, global batch and wrap units (one per transformer block) for every strategy;
   the optimizer is created after sharding. `single` is the whole global batch on 1 worker.
-- Peak memory per rank on CPU comes from torch's trackers, run by `convoy.plan_check` for two
+- Peak memory per rank on CPU comes from torch's trackers, run by `convoy.plan.check` for two
   steps of the same job (MemTracker for single and ddp, FSDPMemTracker for fsdp2); FSDP1
   cannot be tracked (flat parameters), so it is n/a. It is never the resident set, which
   holds the whole Python and torch runtime.

@@ -24,12 +24,20 @@ from typing import Any
 
 import torch
 
-from convoy.config import load_job
-from convoy.plan import Planner, format_bytes, format_table, plan_job, quiet_warnings
-from convoy.plan_check import CheckRow, check_layouts
+from convoy.config import load_job, split_batch
+from convoy.plan import (
+    Planner,
+    format_bytes,
+    format_table,
+    plan_job,
+    quiet_warnings,
+    strategy_order,
+)
+from convoy.plan.check import CheckRow, check_layouts
+from convoy.strategies import strategy_class
 
 REPO = Path(__file__).resolve().parents[1]
-STRATEGIES = ["single", "ddp", "fsdp2", "fsdp"]
+STRATEGIES = strategy_order()
 GPT_1B = [
     "model.name=gpt_1b",
     "model.kwargs={dropout: 0.0}",
@@ -42,7 +50,8 @@ GIB = 2**30
 
 def recipe_rows(recipe: Path) -> list[CheckRow]:
     job = load_job(str(recipe), [])
-    sizes = [n for n in (1, 2, 4) if job.data.batch_size % (n * job.optim.grad_accum_steps) == 0]
+    accum = job.optim.grad_accum_steps
+    sizes = [n for n in (1, 2, 4) if split_batch(job.data.batch_size, n, accum) is not None]
     return check_layouts(job, STRATEGIES, sizes, Planner(job))
 
 
@@ -137,7 +146,8 @@ def one_b_section(big: dict[str, Any]) -> list[str]:
     for layout in plan.layouts:
         row = tracked.get((layout.strategy, layout.world_size))
         total = format_bytes(row.tracked_total) if row and row.tracked_total else "-"
-        rule = rule_of_thumb(params, layout.world_size, layout.strategy in ("fsdp", "fsdp2"))
+        sharded = strategy_class(layout.strategy).sharding.parameters
+        rule = rule_of_thumb(params, layout.world_size, sharded)
         lines.append(
             f"| {layout.strategy} x {layout.world_size} | {layout.micro_batch} | "
             f"{format_bytes(layout.params)} | {format_bytes(layout.grads)} | "

@@ -15,7 +15,7 @@ import difflib
 import math
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal, get_args
 
 import yaml
 from pydantic import (
@@ -193,11 +193,20 @@ class OptimConfig(Section):
         return {key: getattr(self, key) for key in TORCH_DEFAULTS[self.name]}
 
 
-class SingleStrategyConfig(Section):
+class StrategySection(Section):
+    """Base of each strategy's config section. The strategy's class (``convoy.strategies``)
+    carries the rest of what is known about it."""
+
+    max_workers: ClassVar[int | None] = None
+    """The most workers the strategy trains on; None: any number."""
+
+
+class SingleStrategyConfig(StrategySection):
     name: Literal["single"] = "single"
+    max_workers: ClassVar[int | None] = 1
 
 
-class DDPStrategyConfig(Section):
+class DDPStrategyConfig(StrategySection):
     name: Literal["ddp"] = "ddp"
     comm_hook: Literal["none", "fp16", "bf16"] = "none"
     """Gradient compression for the allreduce (as Horovod's fp16 compression)."""
@@ -205,13 +214,13 @@ class DDPStrategyConfig(Section):
     bucket_cap_mb: Annotated[float, Field(gt=0)] = 25.0
 
 
-class FSDPStrategyConfig(Section):
+class FSDPStrategyConfig(StrategySection):
     name: Literal["fsdp"] = "fsdp"
     sharding: Literal["full_shard", "shard_grad_op", "no_shard"] = "full_shard"
     cpu_offload: bool = False
 
 
-class FSDP2StrategyConfig(Section):
+class FSDP2StrategyConfig(StrategySection):
     name: Literal["fsdp2"] = "fsdp2"
     reshard_after_forward: bool = True
     cpu_offload: bool = False
@@ -223,7 +232,13 @@ StrategyConfig = Annotated[
     SingleStrategyConfig | DDPStrategyConfig | FSDPStrategyConfig | FSDP2StrategyConfig,
     Field(discriminator="name"),
 ]
-STRATEGY_NAMES = ("single", "ddp", "fsdp", "fsdp2")
+"""The one list of strategies: a config model per strategy, each naming itself in ``name``.
+Every other list of strategies (names, models, ``convoy.strategies``' registry) follows it."""
+# Annotated[A | B | ..., Field(...)] -> (A, B, ...), each keyed by its name's default.
+STRATEGY_MODELS: dict[str, type[StrategySection]] = {
+    model.model_fields["name"].default: model for model in get_args(get_args(StrategyConfig)[0])
+}
+STRATEGY_NAMES = tuple(STRATEGY_MODELS)
 
 
 class TorchrunConfig(Section):
@@ -666,12 +681,35 @@ def world_sizes(scaling: ScalingConfig) -> list[int]:
     return [n for n in sizes if n % step == 0] or [scaling.max_workers]
 
 
+def split_batch(batch: int, world_size: int, accum_steps: int) -> int | None:
+    """The one rule for splitting a global batch: each of ``world_size`` ranks runs
+    ``accum_steps`` forwards of ``batch / (world_size x accum_steps)`` samples. None where
+    that does not divide evenly (a step's batch must never change with the split)."""
+    parts = world_size * accum_steps
+    return None if batch % parts else batch // parts
+
+
+def micro_batch(job: Job, world_size: int) -> int:
+    """Samples per rank per forward of ``job`` on ``world_size`` ranks (``split_batch``).
+    Raises ``ConfigError`` where the global batch does not split: an elastic launcher may
+    start fewer workers than the config names, and a plan may ask about any world size."""
+    accum = job.optim.grad_accum_steps
+    rows = split_batch(job.data.batch_size, world_size, accum)
+    if rows is None:
+        raise ConfigError(
+            "data.batch_size",
+            job.data.batch_size,
+            f"must divide by world size x optim.grad_accum_steps = {world_size} x {accum}",
+        )
+    return rows
+
+
 def check_batch_split(job: Job) -> None:
     """The global batch must split evenly over workers x accumulation at every world size the
     run may have (``world_sizes``), so a step's batch never changes."""
     sizes = world_sizes(job.scaling)
     accum, batch = job.optim.grad_accum_steps, job.data.batch_size
-    uneven = [n for n in sizes if batch % (n * accum)]
+    uneven = [n for n in sizes if split_batch(batch, n, accum) is None]
     if not uneven:
         return
     if not job.scaling.elastic:
@@ -692,6 +730,23 @@ def check_batch_split(job: Job) -> None:
     )
 
 
+def check_strategy_workers(strategy: StrategySection, workers: int, shown: Any) -> None:
+    """A strategy that trains on at most N workers (``max_workers``) gets no more."""
+    limit = strategy.max_workers
+    if limit is None or workers <= limit:
+        return
+    name = getattr(strategy, "name", "")
+    others = [other for other, model in STRATEGY_MODELS.items() if model.max_workers is None]
+    alternatives = " or ".join([", ".join(map(repr, others[:-1])), repr(others[-1])])
+    trains = "one worker" if limit == 1 else f"at most {limit} workers"
+    raise ConfigError(
+        "strategy.name",
+        name,
+        f"{name!r} trains {trains} but scaling.num_workers is {shown}; "
+        f"use {alternatives}, or set scaling.num_workers={limit}",
+    )
+
+
 def check_job(job: Job) -> None:
     """Checks that need more than one section. Raises ``ConfigError``."""
     workers = job.scaling.max_workers
@@ -705,13 +760,7 @@ def check_job(job: Job) -> None:
             "fp16",
             "fp16 with a grad scaler needs a GPU (scaling.use_gpu: true); on CPU use 'bf16' or 'fp32'",
         )
-    if job.strategy.name == "single" and workers > 1:
-        raise ConfigError(
-            "strategy.name",
-            "single",
-            f"'single' trains one worker but scaling.num_workers is {shown}; "
-            f"use 'ddp', 'fsdp' or 'fsdp2', or set scaling.num_workers=1",
-        )
+    check_strategy_workers(job.strategy, workers, shown)
     if job.fault.kind != "none" and job.fault.rank >= workers:
         raise ConfigError("fault.rank", job.fault.rank, f"ranks are 0..{workers - 1}")
     if (
@@ -914,8 +963,9 @@ def _section_model(loc: list[str], data: dict[str, Any]) -> type[BaseModel] | No
     for part in loc:
         node = node.get(part, {}) if isinstance(node, dict) else {}
         if part == "strategy":
-            name = node.get("name", "single") if isinstance(node, dict) else "single"
-            model = STRATEGY_MODELS.get(name, SingleStrategyConfig)
+            # The named strategy's section; single's (it has no options) for none or unknown.
+            name = node.get("name") if isinstance(node, dict) else None
+            model = STRATEGY_MODELS.get(str(name), SingleStrategyConfig)
             continue
         field = model.model_fields.get(part)
         annotation = field.annotation if field else None
@@ -923,11 +973,3 @@ def _section_model(loc: list[str], data: dict[str, Any]) -> type[BaseModel] | No
             return None
         model = annotation
     return model
-
-
-STRATEGY_MODELS: dict[str, type[Section]] = {
-    "single": SingleStrategyConfig,
-    "ddp": DDPStrategyConfig,
-    "fsdp": FSDPStrategyConfig,
-    "fsdp2": FSDP2StrategyConfig,
-}

@@ -11,7 +11,7 @@ import torch.distributed as dist
 from convoy.config import load_job
 from convoy.errors import ConfigError
 from convoy.plan import Planner, quiet_warnings
-from convoy.plan_check import check_layouts, format_check, tracked_peak
+from convoy.plan.check import check_layouts, format_check, tracked_peak
 
 TINY_MLP = ["model.name=mlp", "model.kwargs={hidden: 64, depth: 2}", "data.batch_size=16"]
 TINY_GPT = ["data.batch_size=8", "model.kwargs={dropout: 0.0, depth: 2}"]

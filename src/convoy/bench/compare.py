@@ -8,12 +8,13 @@ does both). Each strategy is an ordinary engine run (``convoy.bench.runs``); the
 - step time (median, p90 over the timed steps) and global samples/s;
 - peak memory per rank, labelled with where it comes from: on GPU the allocator's peak
   (``torch.cuda.max_memory_allocated``, the engine's summary); on CPU the peak that torch's
-  MemTracker / FSDPMemTracker count for the strategy (``convoy.plan_check.tracked_peak``),
-  never the process's resident set, which holds the whole runtime;
-- communication per step per rank, to explain gaps: DDP's all-reduce moves 2 psi (n-1)/n
-  bytes, full-shard FSDP (all-gather forward, all-gather backward, reduce-scatter) 3 psi
-  (n-1)/n, FSDP that keeps parameters gathered after forward 2 psi (n-1)/n, psi = parameter
-  bytes; ``single`` moves nothing;
+  MemTracker / FSDPMemTracker count for the strategy (``convoy.plan.check.tracked_peak``,
+  the training step under the tracker its class names), never the process's resident set,
+  which holds the whole runtime;
+- communication per step per rank, to explain gaps (``Strategy.comm_volume``): DDP's
+  all-reduce moves 2 psi (n-1)/n bytes, full-shard FSDP (all-gather forward, all-gather
+  backward, reduce-scatter) 3 psi (n-1)/n, FSDP that keeps parameters gathered after forward
+  2 psi (n-1)/n, psi = parameter bytes; ``single`` moves nothing;
 - whether the first steps' losses agree with the reference strategy's (the first listed)
   within a stated relative tolerance: the same model, data and global batch must give the
   same loss whatever the strategy.
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import difflib
-import importlib
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -47,6 +47,7 @@ from convoy.bench.runs import (
 )
 from convoy.config import STRATEGY_NAMES, Job, load_job
 from convoy.errors import ConfigError, one_of
+from convoy.strategies import strategy_class
 
 LOSS_RTOL = 1e-4
 """Relative tolerance of the loss check: fp32 sums in another order differ by ~1e-7."""
@@ -84,21 +85,15 @@ def parse_strategies(text: str) -> list[str]:
 
 
 def comm_factor(strategy: Any, world_size: int) -> float:
-    """Bytes moved per step per rank, in units of the parameter bytes psi.
+    """Bytes moved per step per rank, in units of the parameter bytes psi, for the strategy
+    config ``strategy`` (its class's ``comm_volume``).
 
     DDP: one all-reduce of the gradients, 2 (n-1)/n. Full-shard FSDP: all-gather in forward
     and again in backward, reduce-scatter of gradients: 3 (n-1)/n. Parameters kept gathered
     after forward (FSDP's shard_grad_op, FSDP2's reshard_after_forward=False) skip the second
     all-gather: 2 (n-1)/n. No sharding (no_shard) is DDP's all-reduce.
     """
-    if strategy.name == "single" or world_size == 1:
-        return 0.0
-    passes = 2.0
-    if strategy.name == "fsdp" and strategy.sharding == "full_shard":
-        passes = 3.0
-    if strategy.name == "fsdp2" and strategy.reshard_after_forward:
-        passes = 3.0
-    return passes * (world_size - 1) / world_size
+    return strategy_class(strategy.name).comm_volume(strategy, world_size)
 
 
 def parameter_bytes(job: Job) -> int | None:
@@ -131,7 +126,8 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
     bench_dir = f"{storage}/{bench_name('compare')}"
     jobs = {}
     for name in strategies:
-        workers = 1 if name == "single" else args.workers
+        limit = strategy_class(name, "--strategies").max_world_size()
+        workers = args.workers if limit is None else min(args.workers, limit)
         extra = [
             strategy_override(name, base.strategy.name),
             f"run.seed={base.run.seed}",
@@ -226,19 +222,18 @@ def peak_memory(job: Job, run: Measured) -> tuple[list[int] | None, str]:
         return list(run.summary["peak_memory_bytes_per_rank"]), (
             f"CUDA allocator peak allocated (torch.cuda.max_memory_allocated){shown}"
         )
-    if job.strategy.name == "fsdp":
-        return None, "n/a for fsdp on CPU: torch's trackers cannot follow FSDP1's flat parameters"
+    cls = strategy_class(job.strategy.name)
+    if cls.memory_tracking is None:
+        return None, f"n/a for {cls.name} on CPU: {cls.untracked_reason}"
+    from convoy.plan.check import tracked_peak  # torch's trackers: only for a CPU run
+
     try:
-        plan_check = importlib.import_module("convoy.plan_check")
-    except ImportError:
-        return None, "n/a on CPU: convoy.plan_check (MemTracker) is not available"
-    try:
-        peak = plan_check.tracked_peak(job, job.strategy.name, run.world_size)
+        peak = tracked_peak(job, job.strategy.name, run.world_size)
     except Exception as exc:  # a tracker that cannot follow this model: say why, keep the rest
         return None, f"n/a on CPU: the memory tracker failed ({type(exc).__name__}: {exc})"
-    tracker = "FSDPMemTracker" if job.strategy.name == "fsdp2" else "MemTracker"
+    tracker = cls.memory_tracking.tracker
     # The tracker follows one rank; every rank holds the same shapes.
-    return [int(peak["Total"])] * run.world_size, f"torch {tracker} peak (convoy.plan_check)"
+    return [int(peak["Total"])] * run.world_size, f"torch {tracker} peak (convoy.plan.check)"
 
 
 def format_report(result: dict[str, Any]) -> str:

@@ -35,7 +35,7 @@ from convoy.bench.runs import (
     launch_and_measure,
     pinned_threads,
 )
-from convoy.config import Job, load_job
+from convoy.config import Job, load_job, split_batch
 from convoy.errors import ConfigError
 
 
@@ -62,7 +62,7 @@ def global_batches(
 def check_strong_split(workers: list[int], batch: int, accum: int, text: str) -> None:
     """Strong scaling splits one global batch over N workers: refuse every N that does not
     divide it, all in one error."""
-    bad = [n for n in workers if batch % (n * accum)]
+    bad = [n for n in workers if split_batch(batch, n, accum) is None]
     if bad:
         raise ConfigError(
             "--workers",

@@ -8,6 +8,8 @@ import sys
 import textwrap
 from typing import Any
 
+from convoy.config import STRATEGY_NAMES
+
 ALLREDUCE_EXAMPLES = """\
 examples:
   convoy bench allreduce recipes/default.yaml -o scaling.launcher=torchrun
@@ -141,9 +143,8 @@ def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     _add_recipe_args(compare)
-    compare.add_argument(
-        "--strategies", default="single,ddp,fsdp,fsdp2", help="default single,ddp,fsdp,fsdp2"
-    )
+    every = ",".join(STRATEGY_NAMES)
+    compare.add_argument("--strategies", default=every, help=f"default {every}")
     compare.add_argument(
         "--workers", type=int, default=2, help="workers of the distributed strategies (2)"
     )

@@ -1,5 +1,5 @@
 """``convoy plan RECIPE``: memory per rank for each strategy and world size, and ``--check``
-against torch's memory trackers (see ``convoy.plan`` and ``convoy.plan_check``)."""
+against torch's memory trackers (see ``convoy.plan`` and ``convoy.plan.check``)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from convoy.commands import add_override_arg
+from convoy.config import STRATEGY_NAMES
 
 EXAMPLES = """\
 examples:
@@ -42,8 +43,8 @@ def add_parser(commands: Any) -> None:
     )
     parser.add_argument(
         "--strategies",
-        default="single,ddp,fsdp,fsdp2",
-        help="comma-separated strategies to plan (default: all four)",
+        default=",".join(STRATEGY_NAMES),
+        help=f"comma-separated strategies to plan (default: all, {','.join(STRATEGY_NAMES)})",
     )
     parser.add_argument(
         "--check",
@@ -78,12 +79,12 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_job(job, strategies, world_sizes, budget, planner)
         rows = None
         if args.check:
-            from convoy.plan_check import check_layouts
+            from convoy.plan.check import check_layouts
 
             sizes = [layout.world_size for layout in plan.layouts]
             rows = check_layouts(job, strategies, sorted(set(sizes)), planner)
     if args.json:
-        from convoy.plan_check import check_to_dict
+        from convoy.plan.check import check_to_dict
 
         data = plan_to_dict(plan)
         if rows is not None:
@@ -92,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(format_plan(plan))
     if rows is not None:
-        from convoy.plan_check import format_check
+        from convoy.plan.check import format_check
 
         print()
         print(

@@ -9,16 +9,16 @@ The loop never asks which launcher started it; the ``WorkerContext`` is all it k
 
 from __future__ import annotations
 
+import contextlib
 import random
 import statistics
 import time
-from contextlib import nullcontext
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 import torch
-from torch import nn
 
 from convoy.batches import move_to
 from convoy.checkpoint import (
@@ -29,7 +29,7 @@ from convoy.checkpoint import (
     checkpoint_path,
     partial_checkpoints,
 )
-from convoy.config import Job, MonitorConfig
+from convoy.config import Job, MonitorConfig, micro_batch
 from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_worker_data
 from convoy.data.registry import load_splits
 from convoy.distributed import (
@@ -65,6 +65,7 @@ from convoy.engine.heartbeat import Heartbeat, hang_watch
 from convoy.engine.monitor import ForwardTimer, StragglerWatch, gather_rank_stats
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.sinks import build_sinks
+from convoy.engine.step import StepHooks, StepParts, train_step
 from convoy.errors import ConfigError
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model, count_parameters
@@ -72,7 +73,7 @@ from convoy.outputs import TOKENIZER_FILE, RunOutputs
 from convoy.storage import RunStorage
 from convoy.strategies import Strategy, build_strategy
 from convoy.strategies.base import dtype_from_name
-from convoy.tasks import Task, build_task
+from convoy.tasks import build_task
 
 # Steps excluded from the steady-state step time (allocator and thread-pool warm-up).
 WARMUP_STEPS_EXCLUDED = 3
@@ -124,15 +125,9 @@ class Throughput:
 
 
 @dataclass
-class TrainState:
-    """Everything the loop mutates."""
+class TrainState(StepParts):
+    """Everything the loop mutates: what a step runs on (``StepParts``) and the rest."""
 
-    model: nn.Module
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LambdaLR
-    strategy: Strategy
-    precision: Precision
-    task: Task
     metrics: MetricsManager
     rank: int = 0
     world_size: int = 1
@@ -363,18 +358,10 @@ def _worker_data(job: Job, ctx: WorkerContext) -> WorkerData:
     """The launcher's prepared data (Ray Data shards), or DataLoaders built here."""
     if ctx.data is not None:
         return ctx.data
-    accum = job.optim.grad_accum_steps
-    if job.data.batch_size % (ctx.world_size * accum):
-        # Elastic launchers may start fewer workers than the config names.
-        raise ConfigError(
-            "data.batch_size",
-            job.data.batch_size,
-            f"must divide by world size x accumulation = {ctx.world_size} x {accum}",
-        )
     return torch_worker_data(
         load_splits(job.data),
         job.data.batch_size,
-        job.data.batch_size // (ctx.world_size * accum),
+        micro_batch(job, ctx.world_size),  # elastic launchers may start fewer workers
         job.data.eval_batch_size,
         ctx.world_size,
         ctx.rank,
@@ -448,41 +435,38 @@ def _train_epoch(
 def _optimizer_step(
     job: Job, state: TrainState, micro_batches: list[tuple[Any, Any]]
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
-    """Forward/backward every micro-batch, then clip and step.
+    """Move the micro-batches to the device and run the one train step on them
+    (``convoy.engine.step``), updating the train metrics and timing forward.
 
-    Each micro-batch's loss *sum* is scaled by world size / (the global batch's count), so
-    the gradient, after the strategy averages it over ranks, is the mean over every sample or
-    token of the global batch, however they are split over ranks, micro-steps and padding.
     Returns this rank's loss sum, the global count and the seconds spent in forward (work
     that waits on no other rank under single and ddp: what straggler detection compares).
     """
-    model, precision, task = state.model, state.precision, state.task
     device = state.strategy.device
     micro_batches = [(move_to(x, device), move_to(y, device)) for x, y in micro_batches]
-    counts = [task.count(targets) for _, targets in micro_batches]
-    global_count = _global_count(task, counts, state.world_size)
-    scale = state.world_size / global_count
-    total = torch.zeros((), device=device)
-    forward = ForwardTimer(device)
-    for i, (inputs, targets) in enumerate(micro_batches):
-        last = i == len(micro_batches) - 1
-        with nullcontext() if last else state.strategy.no_sync(model):
-            with precision.autocast(), forward:
-                if i == 0:
-                    maybe_slow_down(job.fault, state.step + 1, state.rank)
-                outputs = task.forward(model, inputs)
-                loss_sum = task.loss_sum(outputs, targets)
-            precision.scaler.scale(loss_sum * scale).backward()
-        state.metrics.update("train", outputs, targets, loss_sum.detach(), counts[i])
-        total += loss_sum.detach()
-    if job.optim.grad_clip_norm is not None:
-        precision.scaler.unscale_(state.optimizer)
-        state.strategy.clip_grad_norm(model, job.optim.grad_clip_norm)
-    precision.scaler.step(state.optimizer)
-    precision.scaler.update()
-    state.optimizer.zero_grad(set_to_none=True)
-    state.scheduler.step()
-    return total, global_count, forward.seconds()
+    hooks = _LoopHooks(job, state)
+    result = train_step(state, micro_batches, state.world_size, job.optim.grad_clip_norm, hooks)
+    return result.loss_sum, result.global_count, hooks.timer.seconds()
+
+
+class _LoopHooks(StepHooks):
+    """The loop's view of a step: forward timed (with any injected slow-down, which is meant
+    to look like slow local work), each micro-batch's outputs into the train metrics."""
+
+    def __init__(self, job: Job, state: TrainState) -> None:
+        self.job, self.state = job, state
+        self.timer = ForwardTimer(state.strategy.device)
+
+    @contextlib.contextmanager
+    def forward(self, index: int) -> Iterator[None]:
+        with self.timer:
+            if index == 0:
+                maybe_slow_down(self.job.fault, self.state.step + 1, self.state.rank)
+            yield
+
+    def micro_step_done(
+        self, outputs: Any, targets: Any, loss_sum: torch.Tensor, count: torch.Tensor
+    ) -> None:
+        self.state.metrics.update("train", outputs, targets, loss_sum, count)
 
 
 def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any]) -> None:
@@ -500,15 +484,6 @@ def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any]) -> None:
             f"convoy: FLOPs not counted ({type(exc).__name__}: {exc}); "
             "no TFLOP/s or MFU for this run"
         )
-
-
-def _global_count(task: Task, counts: list[torch.Tensor], world_size: int) -> torch.Tensor:
-    """The count of the whole global batch: every rank's micro-batches, summed."""
-    local = torch.stack(counts).sum().double()
-    if task.fixed_count:  # every rank holds the same batch shape: no communication needed
-        return local * world_size
-    # At least 1: a global batch of padding only gives zero loss and zero gradients, not NaN.
-    return all_reduce_sum(local).clamp_min(1)
 
 
 def _record_step(timers: Timers, start: float, data_ready: float, end: float, batch: int) -> None:

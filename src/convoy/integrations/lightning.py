@@ -44,6 +44,7 @@ from convoy.imports import describe, import_attribute
 from convoy.integrations.lightning_checks import EXTENSION_KWARGS
 from convoy.outputs import RunOutputs
 from convoy.storage import RunStorage
+from convoy.strategies import strategy_class
 
 LIGHTNING_ENTRY = "convoy.integrations.lightning:train_lightning"
 PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -58,7 +59,7 @@ def train_lightning(job: Job, ctx: WorkerContext) -> dict[str, Any]:
     """Fit (and test, when the module has a test loop) the job's LightningModule on this
     worker; returns the run summary (rank 0 also writes it)."""
     torch.set_num_threads(job.scaling.threads_per_worker or worker_threads(ctx))
-    needed = job.strategy.name != "single" or ctx.world_size > 1
+    needed = strategy_class(job.strategy.name).requires_process_group or ctx.world_size > 1
     with process_group(ctx, job.run.collective_timeout_s, needed):
         return _train(job, ctx)
 
@@ -230,7 +231,8 @@ def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
         enable_checkpointing=job.checkpoint.enabled,
         **options,
     )
-    if job.scaling.launcher == "ray" and job.strategy.name in ("ddp", "fsdp"):
+    on_ray_strategy = strategy_class(job.strategy.name).lightning.ray_strategy is not None
+    if job.scaling.launcher == "ray" and on_ray_strategy:
         from ray.train.lightning import prepare_trainer
 
         trainer = prepare_trainer(trainer)  # validates the Ray strategy and environment

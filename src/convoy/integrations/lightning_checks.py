@@ -19,6 +19,7 @@ from convoy.config import Job
 from convoy.errors import ConfigError, one_of
 from convoy.imports import import_attribute, missing_extra
 from convoy.storage import is_remote
+from convoy.strategies import strategy_class, strategy_classes
 
 OWNED_TRAINER_KWARGS = {
     "accelerator": "scaling.use_gpu",
@@ -206,12 +207,13 @@ def check_trainer_kwargs(kwargs: dict[str, Any], trainer_class: Any) -> None:
 def check_strategy(job: Job) -> None:
     """The strategy and its options must be ones Lightning runs here."""
     strategy = job.strategy
-    if strategy.name == "fsdp" and not job.scaling.use_gpu:
+    counterpart = strategy_class(strategy.name).lightning
+    if counterpart.needs_gpu and not job.scaling.use_gpu:
         raise ConfigError(
             "strategy.name",
-            "fsdp",
-            "Lightning's FSDPStrategy needs a GPU (scaling.use_gpu: true); on CPU use 'fsdp2' "
-            "(ModelParallelStrategy) or 'ddp'",
+            strategy.name,
+            f"Lightning's {counterpart.strategy} needs a GPU (scaling.use_gpu: true); on CPU "
+            f"use {_cpu_alternatives()}",
         )
     refused = {
         "comm_hook": ("none", "DDP communication hooks are not passed to Lightning"),
@@ -261,3 +263,13 @@ def check_run_layout(job: Job) -> None:
             job.fault.kind,
             "fault injection runs in Convoy's engine only; " + one_of(["none"]),
         )
+
+
+def _cpu_alternatives() -> str:
+    """The strategies Lightning runs on CPU over several workers, each with its counterpart."""
+    names = [
+        f"{name!r} ({cls.lightning.strategy})"
+        for name, cls in strategy_classes().items()
+        if cls.requires_process_group and not cls.lightning.needs_gpu
+    ]
+    return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)

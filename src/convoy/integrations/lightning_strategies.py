@@ -1,6 +1,8 @@
 """``strategy.name`` -> a Lightning strategy, per launcher.
 
-Under Ray the strategies are Ray Train's (``RayDDPStrategy``, ``RayFSDPStrategy``) with its
+Each Convoy strategy names its Lightning counterpart (``Strategy.lightning``); this module
+builds it with the options Lightning takes from the strategy's config. Under Ray the
+strategies are Ray Train's where it has one (``RayDDPStrategy``, ``RayFSDPStrategy``) with its
 ``RayLightningEnvironment``; ``fsdp2`` is Lightning's ``ModelParallelStrategy`` (data
 parallel over every worker, no tensor parallelism), which ``prepare_trainer`` refuses, so it
 gets the environment as a plugin and explicit ``devices``/``num_nodes``. Under ``local`` and
@@ -16,24 +18,21 @@ way, which also allows tensor parallelism). One that does not is sharded by Conv
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import lightning.pytorch.strategies
 from lightning.fabric.plugins.environments import ClusterEnvironment
 from lightning.pytorch import LightningModule
-from lightning.pytorch.strategies import (
-    DDPStrategy,
-    FSDPStrategy,
-    ModelParallelStrategy,
-    SingleDeviceStrategy,
-    Strategy,
-)
+from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
 
 from convoy.config import Job
 from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError
+from convoy.strategies import strategy_class
 
 FSDP_SHARDING = {
     "full_shard": "FULL_SHARD",
@@ -102,8 +101,9 @@ def build_layout(job: Job, ctx: WorkerContext) -> LightningLayout:
     """The strategy for ``job.strategy.name`` under ``job.scaling.launcher``."""
     devices = max(1, ctx.local_world_size)
     nodes = max(1, ctx.world_size // devices)
-    if job.strategy.name == "single":
-        return LightningLayout(SingleDeviceStrategy(device=ctx.device), [], 1, 1)
+    strategy = lightning_strategy(job, ctx)
+    if not strategy_class(job.strategy.name).requires_process_group:
+        return LightningLayout(strategy, [], 1, 1)  # one device: no cluster to describe
     if job.scaling.launcher == "ray":
         from ray.train.lightning import RayLightningEnvironment
 
@@ -111,41 +111,58 @@ def build_layout(job: Job, ctx: WorkerContext) -> LightningLayout:
     else:
         environment = ConvoyEnvironment(ctx)
     # The environment goes in as a plugin only: Lightning refuses it in both places.
-    strategy = _parallel_strategy(job, ctx)
     return LightningLayout(strategy, [environment], devices, nodes)
 
 
-def _parallel_strategy(job: Job, ctx: WorkerContext) -> Strategy:
-    name, cfg = job.strategy.name, job.strategy
-    on_ray = job.scaling.launcher == "ray"
-    if name == "ddp":
-        options: dict[str, Any] = {
-            "find_unused_parameters": getattr(cfg, "find_unused_parameters", False),
-            "bucket_cap_mb": getattr(cfg, "bucket_cap_mb", 25.0),
-        }
-        if on_ray:
-            from ray.train.lightning import RayDDPStrategy
+def lightning_strategy(job: Job, ctx: WorkerContext) -> Strategy:
+    """The Convoy strategy's Lightning counterpart (Ray Train's subclass under Ray, where
+    it has one), with the options Lightning takes from the strategy's config."""
+    counterpart = strategy_class(job.strategy.name).lightning
+    options = LIGHTNING_OPTIONS[counterpart.strategy](job.strategy, ctx)
+    if job.scaling.launcher == "ray" and counterpart.ray_strategy is not None:
+        import ray.train.lightning
 
-            return RayDDPStrategy(**options)
-        return DDPStrategy(**options)
-    if name == "fsdp":
-        options = {"sharding_strategy": FSDP_SHARDING[getattr(cfg, "sharding", "full_shard")]}
-        if on_ray:
-            from ray.train.lightning import RayFSDPStrategy
+        ray_class = getattr(ray.train.lightning, counterpart.ray_strategy)
+        return ray_class(**options)
+    lightning_class = getattr(lightning.pytorch.strategies, counterpart.strategy)
+    return lightning_class(**options)
 
-            return RayFSDPStrategy(**options)
-        return FSDPStrategy(**options)
-    # fsdp2: "auto" sizes would be num_nodes x devices; every worker is one data-parallel rank.
-    return ModelParallelStrategy(data_parallel_size=ctx.world_size, tensor_parallel_size=1)
+
+def _ddp_options(cfg: Any, ctx: WorkerContext) -> dict[str, Any]:
+    return {
+        "find_unused_parameters": getattr(cfg, "find_unused_parameters", False),
+        "bucket_cap_mb": getattr(cfg, "bucket_cap_mb", 25.0),
+    }
+
+
+def _fsdp_options(cfg: Any, ctx: WorkerContext) -> dict[str, Any]:
+    return {"sharding_strategy": FSDP_SHARDING[getattr(cfg, "sharding", "full_shard")]}
+
+
+def _model_parallel_options(cfg: Any, ctx: WorkerContext) -> dict[str, Any]:
+    # "auto" sizes would be num_nodes x devices; every worker is one data-parallel rank.
+    return {"data_parallel_size": ctx.world_size, "tensor_parallel_size": 1}
+
+
+LIGHTNING_OPTIONS: dict[str, Callable[[Any, WorkerContext], dict[str, Any]]] = {
+    "SingleDeviceStrategy": lambda cfg, ctx: {"device": ctx.device},
+    "DDPStrategy": _ddp_options,
+    "FSDPStrategy": _fsdp_options,
+    "ModelParallelStrategy": _model_parallel_options,
+}
+"""Per Lightning strategy class: its constructor's options from a Convoy strategy config."""
 
 
 def prepare_module(job: Job, module: LightningModule) -> None:
-    """Give a module without ``configure_model`` Convoy's FSDP2 sharding under ``fsdp2``.
+    """Give a module without ``configure_model`` Convoy's FSDP2 sharding under ``fsdp2`` (whose
+    counterpart, ``ModelParallelStrategy``, shards only what ``configure_model`` shards).
 
     The hook is set on this instance only (the class stays the user's): Lightning calls it
     on every fit/test, under its init contexts, with the device mesh in place.
     """
-    if job.strategy.name != "fsdp2" or is_overridden("configure_model", module):
+    counterpart = strategy_class(job.strategy.name).lightning
+    # ModelParallelStrategy leaves sharding to the module's configure_model.
+    if counterpart.strategy != "ModelParallelStrategy" or is_overridden("configure_model", module):
         return
     reshard = bool(getattr(job.strategy, "reshard_after_forward", True))
     module.configure_model = functools.partial(shard_module, module, reshard)  # type: ignore[method-assign]

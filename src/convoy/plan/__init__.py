@@ -31,20 +31,23 @@ backward transient), under FSDP2 the model's forward (its most bytes live at onc
 batch) and backward within the model (the transient from the outputs' gradient on), each
 with what FSDP2 holds then, and backward through a unit (FSDP1: the largest, with the next
 one all-gathered and its fp32 gradients), and the optimizer step (gradients, state and its
-transient). ``convoy.plan_check``
-runs the real step under torch's memory trackers and compares.
+transient). ``convoy.plan.check`` runs the training step (``convoy.engine.step``, the
+loop's own) under torch's memory trackers and compares.
 
 Files, by idea:
 
 - ``parse``: ``--gpu-memory``, ``--world-sizes`` and ``--strategies`` parsed; bytes printed;
-- ``job``: the strategies a plan knows, and the job each layout runs (strategy, world size,
-  micro-batch, compute dtype);
+- ``job``: the strategies a plan knows, in its order of preference, and the job each layout
+  runs (strategy, world size, micro-batch, compute dtype). What the planner knows of a
+  strategy (what it shards and how, its communication buffers, whether it casts
+  parameters) its class says (``convoy.strategies``); the planner never asks its name;
 - ``model``: what the model is built from (``ModelSource``), fake tensors and batches, wrap
   units and shard sizes, a fake process group;
 - ``measure``: activations and the backward transient, optimizer state and step transient,
   measured under ``FakeTensorMode``;
 - ``planner``: ``Layout``, ``Planner``, ``Plan`` and ``plan_job``;
-- ``format``: the plan as a table or as JSON-ready data.
+- ``format``: the plan as a table or as JSON-ready data;
+- ``check``: ``convoy plan --check``, the plan against torch's memory trackers.
 """
 
 from __future__ import annotations
@@ -52,11 +55,10 @@ from __future__ import annotations
 from convoy.plan.format import format_plan, format_table, plan_to_dict
 from convoy.plan.job import (
     DEFAULT_WORLD_SIZES,
-    SHARDED,
-    STRATEGY_ORDER,
     compute_dtype,
     layout_job,
     micro_batch,
+    strategy_order,
 )
 from convoy.plan.measure import (
     Activations,
@@ -89,7 +91,6 @@ from convoy.plan.planner import (
     Layout,
     Plan,
     Planner,
-    gathers,
     plan_job,
     quiet_warnings,
 )
@@ -98,8 +99,6 @@ __all__ = [
     "CATEGORIES",
     "DEFAULT_WORLD_SIZES",
     "MEMORY_FORMS",
-    "SHARDED",
-    "STRATEGY_ORDER",
     "Activations",
     "Layout",
     "ModelSource",
@@ -115,7 +114,6 @@ __all__ = [
     "format_bytes",
     "format_plan",
     "format_table",
-    "gathers",
     "layout_job",
     "load_source",
     "local_shapes",
@@ -129,6 +127,7 @@ __all__ = [
     "plan_to_dict",
     "quiet_warnings",
     "shard_numel",
+    "strategy_order",
     "to_fake",
     "wrap_units",
 ]

@@ -17,7 +17,6 @@ from torch import nn
 
 from convoy.config import Job
 from convoy.errors import ConfigError, ConvoyError
-from convoy.plan.job import SHARDED
 
 # Data sources that read files only for their values: when the files are missing, plan
 # with a source of the same shapes (memory does not depend on pixel values).
@@ -162,13 +161,12 @@ def shard_numel(param: torch.Tensor, world_size: int) -> int:
     return rows * (param.numel() // max(1, param.shape[0]))
 
 
-def local_shapes(
-    params: Sequence[torch.Tensor], strategy: str, world_size: int
-) -> list[tuple[int, ...]]:
-    """The shapes of this rank's copies of ``params`` under ``strategy``."""
-    if strategy not in SHARDED or world_size == 1:
+def local_shapes(params: Sequence[torch.Tensor], shards: int) -> list[tuple[int, ...]]:
+    """The shapes of this rank's copies of ``params``, each split on dim 0 in ``shards``
+    chunks (rank 0's rounded-up one); whole for 1."""
+    if shards == 1:
         return [tuple(p.shape) for p in params]
-    return [(math.ceil(p.shape[0] / world_size), *p.shape[1:]) if p.dim() else () for p in params]
+    return [(math.ceil(p.shape[0] / shards), *p.shape[1:]) if p.dim() else () for p in params]
 
 
 @contextlib.contextmanager

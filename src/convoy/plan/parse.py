@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from convoy.errors import ConfigError, one_of
-from convoy.plan.job import _STRATEGY_CONFIGS, STRATEGY_ORDER
+from convoy.plan.job import strategy_order
 
 _UNITS = {
     "": 1,
@@ -64,10 +64,12 @@ def parse_world_sizes(text: str) -> list[int]:
 
 
 def parse_strategies(text: str) -> list[str]:
-    """``"single,fsdp2"`` -> ``["single", "fsdp2"]``; each a Convoy strategy name."""
+    """``"fsdp2,single"`` -> ``["single", "fsdp2"]``: Convoy strategy names, in the planner's
+    order (``strategy_order``)."""
     names = [part.strip() for part in text.split(",") if part.strip()]
-    unknown = [name for name in names if name not in _STRATEGY_CONFIGS]
+    known = strategy_order()
+    unknown = [name for name in names if name not in known]
     if not names or unknown:
         shown = unknown[0] if unknown else text
-        raise ConfigError("--strategies", shown, one_of(_STRATEGY_CONFIGS))
-    return [name for name in STRATEGY_ORDER if name in names]
+        raise ConfigError("--strategies", shown, one_of(known))
+    return [name for name in known if name in names]

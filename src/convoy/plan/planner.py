@@ -15,14 +15,13 @@ from typing import Any
 import torch
 from torch import nn
 
-from convoy.config import FSDP2StrategyConfig, Job
+from convoy.config import Job, split_batch
 from convoy.plan.job import (
     DEFAULT_WORLD_SIZES,
-    SHARDED,
-    STRATEGY_ORDER,
     compute_dtype,
     layout_job,
     micro_batch,
+    strategy_order,
 )
 from convoy.plan.measure import Activations, OptimizerCost, measure_activations, measure_optimizer
 from convoy.plan.model import (
@@ -33,17 +32,11 @@ from convoy.plan.model import (
     local_shapes,
     shard_numel,
 )
+from convoy.strategies import Strategy, strategy_class, strategy_classes
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "comm")
 """Rows of a plan. ``temp``: backward or optimizer-step transients; ``comm``: DDP buckets
 or the FSDP unsharded working set."""
-
-
-def gathers(strategy: str, world_size: int) -> bool:
-    """Whether ``strategy`` all-gathers parameters into unsharded copies: FSDP2 at any world
-    size (its sharded and unsharded parameters are separate storages even on one rank);
-    FSDP1 only on more than one (it switches to ``NO_SHARD`` on one)."""
-    return strategy == "fsdp2" or (strategy == "fsdp" and world_size > 1)
 
 
 @dataclass(frozen=True)
@@ -94,33 +87,38 @@ class Planner:
 
     def activations(self, strategy: str, rows: int) -> Activations:
         dtype = compute_dtype(self.job)
-        cast = dtype if strategy in SHARDED and dtype != torch.float32 else None
+        casts = strategy_class(strategy).casts_parameters
+        cast = dtype if casts and dtype != torch.float32 else None
         key = (rows, cast)
         if key not in self._activations:
             self._activations[key] = measure_activations(self.job, self.source, rows, cast)
         return self._activations[key]
 
     def optimizer(self, strategy: str, world_size: int) -> OptimizerCost:
-        # FSDP2's optimizer steps DTensor shards (at any world size); FSDP1's (with
-        # use_orig_params) plain views of its flat shard, as plain tensors of shard shapes.
-        kind = strategy if strategy in SHARDED else "whole"
-        size = world_size if strategy in SHARDED else 1
-        if (kind, size) not in self._optimizer:
-            if kind == "fsdp2":
+        # Per-parameter shards (FSDP2) are DTensors the optimizer steps at any world size; a
+        # flat shard per unit (FSDP1, use_orig_params) is stepped as plain tensors of shard
+        # shapes; unsharded state as the parameters' own shapes.
+        sharding = strategy_class(strategy).sharding
+        layout = sharding.layout if sharding.optimizer_state else None
+        size = world_size if sharding.optimizer_state else 1
+        key = (layout or "whole", size)
+        if key not in self._optimizer:
+            if layout == "per_parameter":
                 shapes = [tuple(p.shape) for p in self.params]
                 cost = measure_optimizer(self.job, shapes, fsdp2_world_size=size)
             else:
-                cost = measure_optimizer(self.job, local_shapes(self.params, strategy, size))
-            self._optimizer[(kind, size)] = cost
-        return self._optimizer[(kind, size)]
+                cost = measure_optimizer(self.job, local_shapes(self.params, size))
+            self._optimizer[key] = cost
+        return self._optimizer[key]
 
     def layout(self, strategy: str, world_size: int) -> Layout:
         """The plan of ``strategy`` on ``world_size`` ranks."""
+        cls = strategy_class(strategy, "--strategies")
         job = layout_job(self.job, strategy, world_size)
         rows = micro_batch(job, world_size)
-        sharded = strategy in SHARDED and world_size > 1
+        sharded = cls.sharding.parameters and world_size > 1
         local = self.param_count
-        if sharded and strategy == "fsdp":  # one flat parameter per unit, split evenly
+        if sharded and cls.sharding.layout == "flat_per_unit":  # split evenly per unit
             local = sum(math.ceil(sum(p.numel() for p in u) / world_size) for u in self.units)
         elif sharded:
             local = sum(shard_numel(p, world_size) for p in self.params)
@@ -128,14 +126,14 @@ class Planner:
         opt = self.optimizer(strategy, world_size)
         acts = self.activations(strategy, rows)
         backward_temp = acts.backward
-        comm = self._comm(job, strategy, world_size)
+        comm = self._comm(job, cls, world_size)
         # Accumulation: later micro-steps run with the gradients of earlier ones; no_sync
         # keeps them unsharded under FSDP.
         accum_grads = 0
         if job.optim.grad_accum_steps > 1:
-            accum_grads = 4 * self.param_count if strategy in SHARDED else grads
+            accum_grads = 4 * self.param_count if cls.sharding.gradients else grads
         static = {"params": params, "optimizer": opt.state}
-        ddp_buckets = comm if strategy == "ddp" else 0
+        ddp_buckets = comm if cls.comm_buffers == "ddp_buckets" else 0
         moments = {
             "backward": {
                 **static,
@@ -152,8 +150,9 @@ class Planner:
                 "comm": ddp_buckets,
             },
         }
-        if strategy == "fsdp2":
-            # "backward" is the loss's own backward: every unit is resharded then.
+        if cls.sharding.layout == "per_parameter":
+            # fully_shard's working set. "backward" is the loss's own backward: every unit
+            # is resharded then.
             held = self._fsdp2_held(job, world_size)
             parts = {
                 "forward (unit)": (acts.forward, 0),
@@ -169,7 +168,7 @@ class Planner:
                     "comm": held[name],
                 }
             comm = max(held.values())
-        elif gathers(strategy, world_size):
+        elif cls.gathers_parameters(world_size):
             # Backward through the largest unit: it is unsharded, the next one is being
             # all-gathered, and its full gradients wait for the reduce-scatter (fp32).
             moments["backward (unit)"] = {
@@ -196,13 +195,13 @@ class Planner:
             moments=moments,
         )
 
-    def _comm(self, job: Job, strategy: str, world_size: int) -> int:
+    def _comm(self, job: Job, cls: type[Strategy], world_size: int) -> int:
         """DDP's buckets hold a copy of every gradient (fp32; Convoy's DDP keeps
         ``gradient_as_bucket_view`` off). FSDP holds the largest unit unsharded and
         all-gathers the next one ahead, in the dtype it computes in."""
-        if strategy == "ddp":
+        if cls.comm_buffers == "ddp_buckets":
             return 4 * self.param_count
-        if not gathers(strategy, world_size):
+        if not cls.gathers_parameters(world_size):
             return 0
         dtype = compute_dtype(job)
         itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
@@ -232,8 +231,8 @@ class Planner:
           gradients' production or its reduce-scatter.
         """
         param_dtype = compute_dtype(job)
-        cfg = job.strategy
-        reduce_name = cfg.reduce_dtype if isinstance(cfg, FSDP2StrategyConfig) else "fp32"
+        # The config's option where the strategy has one; gradients reduce in fp32 otherwise.
+        reduce_name = getattr(job.strategy, "reduce_dtype", "fp32")
         param_size = torch.empty((), dtype=param_dtype, device="meta").element_size()
         reduce_size = 4 if reduce_name == "fp32" else 2
         # With accumulation in fp32 the micro-step's gradients add into the accumulated
@@ -299,40 +298,48 @@ class Plan:
         return None if self.gpu_memory is None else layout.peak <= self.gpu_memory
 
     def smallest_fit(self) -> Layout | None:
-        """Fewest workers, then the strategy order (single, ddp, fsdp2, fsdp)."""
+        """Fewest workers, then the planner's strategy order (``strategy_order``: single,
+        ddp, fsdp2, fsdp)."""
         fitting = [layout for layout in self.layouts if self.fits(layout)]
-        order = {name: i for i, name in enumerate(STRATEGY_ORDER)}
+        order = {name: i for i, name in enumerate(strategy_order())}
         return min(fitting, key=lambda lay: (lay.world_size, order[lay.strategy]), default=None)
 
 
 def plan_job(
     job: Job,
-    strategies: Sequence[str] = STRATEGY_ORDER,
+    strategies: Sequence[str] | None = None,
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
     gpu_memory: int | None = None,
     planner: Planner | None = None,
 ) -> Plan:
-    """Plan every (strategy, world size) layout; ``single`` only at world size 1 and
-    world sizes that do not divide the global batch are left out (and noted)."""
+    """Plan every (strategy, world size) layout (``strategies``: all of them, in
+    ``strategy_order``, by default). A strategy is left out at world sizes it cannot train
+    on (``single`` above 1), and world sizes that do not split the global batch are left
+    out (and noted)."""
+    strategies = strategy_order() if strategies is None else strategies
     planner = planner or Planner(job)
     layouts: list[Layout] = []
     notes = list(planner.source.notes)
-    if not planner.units[:-1] and any(s in SHARDED for s in strategies):
+    if not planner.units[:-1] and any(_shards(s) for s in strategies):
+        sharding = "/".join(sorted(name for name in strategy_classes() if _shards(name)))
         notes.append(
-            f"{type(planner.model).__name__} has no `blocks`: fsdp/fsdp2 shard it as one unit"
+            f"{type(planner.model).__name__} has no `blocks`: {sharding} shard it as one unit"
         )
     for size in world_sizes:
-        if job.data.batch_size % (size * job.optim.grad_accum_steps):
+        if split_batch(job.data.batch_size, size, job.optim.grad_accum_steps) is None:
             notes.append(
                 f"world size {size}: data.batch_size {job.data.batch_size} does not split over "
                 f"{size} x {job.optim.grad_accum_steps} accumulation step(s); left out"
             )
             continue
         for strategy in strategies:
-            if strategy == "single" and size > 1:
-                continue
-            layouts.append(planner.layout(strategy, size))
+            if strategy_class(strategy).runs_on(size):
+                layouts.append(planner.layout(strategy, size))
     return Plan(job, layouts, gpu_memory, planner.param_count, notes)
+
+
+def _shards(strategy: str) -> bool:
+    return strategy_class(strategy, "--strategies").sharding.parameters
 
 
 @contextlib.contextmanager

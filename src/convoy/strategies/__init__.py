@@ -1,31 +1,56 @@
-"""Strategies: ``strategy.name`` -> the class that decides how model state is split."""
+"""Strategies: ``strategy.name`` -> the class that decides how model state is split.
+
+The registry follows the one list of strategies, the config models in
+``convoy.config.StrategyConfig``: strategy ``x`` is the ``Strategy`` subclass named ``x`` in
+``convoy/strategies/x.py``. Adding a strategy is that file (its class carries every fact the
+rest of Convoy asks about it), its config model, and their tests. The strategy modules are
+imported on the first call, not with this package: FSDP's imports take most of a second, and
+``import convoy`` stays light.
+"""
 
 from __future__ import annotations
 
+import functools
+import importlib
 from typing import Any
 
 import torch
 
+from convoy.config import STRATEGY_NAMES
 from convoy.errors import ConfigError, one_of
 from convoy.strategies.base import Strategy
 
 
 def strategy_classes() -> dict[str, type[Strategy]]:
-    """The registry; imported lazily so ``import convoy`` stays light."""
-    from convoy.strategies.ddp import DDPStrategy
-    from convoy.strategies.fsdp import FSDPStrategy
-    from convoy.strategies.fsdp2 import FSDP2Strategy
-    from convoy.strategies.single import SingleStrategy
+    """Every strategy class by name, in the config's order."""
+    return dict(_registry())
 
-    return {cls.name: cls for cls in (SingleStrategy, DDPStrategy, FSDPStrategy, FSDP2Strategy)}
+
+def strategy_class(name: str, field: str = "strategy.name") -> type[Strategy]:
+    """The class of strategy ``name``; a ``ConfigError`` naming ``field`` and the valid names
+    for an unknown one."""
+    classes = _registry()
+    if name not in classes:
+        raise ConfigError(field, name, one_of(classes))
+    return classes[name]
 
 
 def build_strategy(cfg: Any, device: torch.device, compute_dtype: torch.dtype) -> Strategy:
     """Instantiate the strategy named by ``cfg.name``."""
-    classes = strategy_classes()
-    if cfg.name not in classes:
-        raise ConfigError("strategy.name", cfg.name, one_of(classes))
-    return classes[cfg.name](cfg, device, compute_dtype)
+    return strategy_class(cfg.name)(cfg, device, compute_dtype)
 
 
-__all__ = ["Strategy", "build_strategy", "strategy_classes"]
+@functools.cache
+def _registry() -> dict[str, type[Strategy]]:
+    return {name: _class_in_module(name) for name in STRATEGY_NAMES}
+
+
+def _class_in_module(name: str) -> type[Strategy]:
+    module = importlib.import_module(f"{__name__}.{name}")
+    for value in vars(module).values():
+        if isinstance(value, type) and issubclass(value, Strategy) and value.name == name:
+            return value
+    raise ImportError(f"{module.__name__} defines no Strategy subclass with name = {name!r}")
+
+
+__all__ = ["Strategy", "build_strategy", "strategy_class", "strategy_classes"]

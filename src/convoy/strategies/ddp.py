@@ -8,13 +8,15 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from convoy.strategies.base import Strategy
+from convoy.config import DDPStrategyConfig
+from convoy.strategies.base import LightningCounterpart, MemoryTracking, Strategy
 
 
 def compress_hook(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torch.Tensor]]:
@@ -49,7 +51,16 @@ COMM_HOOKS = {"fp16": torch.float16, "bf16": torch.bfloat16}
 
 class DDPStrategy(Strategy):
     name = "ddp"
+    config_model = DDPStrategyConfig
     requires_process_group = True
+    comm_buffers = "ddp_buckets"
+    memory_tracking = MemoryTracking("MemTracker", fake_tensors=False)
+    lightning = LightningCounterpart("DDPStrategy", ray_strategy="RayDDPStrategy")
+    plan_preference = 1
+
+    @classmethod
+    def comm_passes(cls, cfg: Any) -> float:
+        return 2.0  # one all-reduce of the gradients
 
     def wrap(self, model: nn.Module) -> nn.Module:
         model = model.to(self.device)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import functools
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 from torch import nn
@@ -17,7 +18,8 @@ from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
-from convoy.strategies.base import Strategy, transformer_blocks
+from convoy.config import FSDPStrategyConfig
+from convoy.strategies.base import LightningCounterpart, Sharding, Strategy, transformer_blocks
 
 SHARDING = {
     "full_shard": ShardingStrategy.FULL_SHARD,
@@ -28,11 +30,32 @@ SHARDING = {
 
 class FSDPStrategy(Strategy):
     name = "fsdp"
+    config_model = FSDPStrategyConfig
     requires_process_group = True
+    # What full_shard (the default) splits: the planner models every FSDP1 run so.
+    sharding = Sharding(
+        parameters=True,
+        gradients=True,
+        optimizer_state=True,
+        mesh_dim="world",
+        layout="flat_per_unit",
+    )
+    comm_buffers = "fsdp_units"
+    casts_parameters = True
+    memory_tracking = None
+    untracked_reason = (
+        "torch's trackers cannot follow FSDP1's flat parameters (MemTracker hooks every "
+        "parameter a module uses; use_orig_params makes them views during forward, which "
+        "autograd refuses hooks on)"
+    )
+    lightning = LightningCounterpart("FSDPStrategy", ray_strategy="RayFSDPStrategy", needs_gpu=True)
+    plan_preference = 3  # after fsdp2, Convoy's default sharded strategy
 
-    @property
-    def handles_precision(self) -> bool:
-        return self.compute_dtype != torch.float32
+    @classmethod
+    def comm_passes(cls, cfg: Any) -> float:
+        # full_shard all-gathers in forward and again in backward, then reduce-scatters;
+        # shard_grad_op keeps parameters gathered after forward; no_shard is DDP's all-reduce.
+        return 3.0 if cfg.sharding == "full_shard" else 2.0
 
     def wrap(self, model: nn.Module) -> nn.Module:
         block_classes = {type(block) for block in transformer_blocks(model)}

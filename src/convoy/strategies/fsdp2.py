@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -25,16 +26,40 @@ from torch.distributed.fsdp import (
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
-from convoy.strategies.base import Strategy, dtype_from_name, transformer_blocks
+from convoy.config import FSDP2StrategyConfig
+from convoy.strategies.base import (
+    LightningCounterpart,
+    MemoryTracking,
+    Sharding,
+    Strategy,
+    dtype_from_name,
+    transformer_blocks,
+)
 
 
 class FSDP2Strategy(Strategy):
     name = "fsdp2"
+    config_model = FSDP2StrategyConfig
     requires_process_group = True
+    sharding = Sharding(
+        parameters=True,
+        gradients=True,
+        optimizer_state=True,
+        mesh_dim="world",
+        layout="per_parameter",
+        unsharded_copies_on_one_rank=True,
+    )
+    comm_buffers = "fsdp_units"
+    casts_parameters = True
+    memory_tracking = MemoryTracking("FSDPMemTracker")
+    # Data parallel over every worker, no tensor parallelism; Ray Train has no subclass.
+    lightning = LightningCounterpart("ModelParallelStrategy")
+    plan_preference = 2
 
-    @property
-    def handles_precision(self) -> bool:
-        return self.compute_dtype != torch.float32
+    @classmethod
+    def comm_passes(cls, cfg: Any) -> float:
+        # All-gather in forward and (resharded after it) again in backward, reduce-scatter.
+        return 3.0 if cfg.reshard_after_forward else 2.0
 
     def mixed_precision_policy(self) -> MixedPrecisionPolicy:
         param_dtype = self.compute_dtype if self.handles_precision else None

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from convoy.strategies.base import Strategy
+from convoy.config import SingleStrategyConfig
+from convoy.strategies.base import LightningCounterpart, Strategy
 
 
 class SingleStrategy(Strategy):
     name = "single"
+    config_model = SingleStrategyConfig
+    lightning = LightningCounterpart("SingleDeviceStrategy")
+    plan_preference = 0

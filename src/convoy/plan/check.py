@@ -1,22 +1,25 @@
 """Check ``convoy plan`` against measurement: run the real training step and track memory.
 
-``tracked_peak(job, strategy_name, world_size)`` runs two optimizer steps of ``job`` as the
-training loop runs them (forward and the task's loss per micro-batch with ``no_sync`` on all
-but the last, backward, clipping if configured, the optimizer step, ``zero_grad``), with the
-model wrapped by Convoy's own strategy and the optimizer from Convoy's own builder, under
-torch's memory trackers (``torch.distributed._tools``):
+``tracked_peak(job, strategy_name, world_size)`` runs two optimizer steps of ``job`` with
+the training loop's own step (``convoy.engine.step.train_step``: forward and the task's
+loss per micro-batch with ``no_sync`` on all but the last, backward, clipping if configured,
+the optimizer step, ``zero_grad``, the LR schedule), with the model wrapped by Convoy's own
+strategy and the optimizer from Convoy's own builder, under the memory tracker the strategy
+names (``Strategy.memory_tracking``, from ``torch.distributed._tools``), over a ``fake``
+process group of ``world_size`` ranks where the strategy needs one: rank 0's view of any
+world size, on one CPU.
 
 - ``single``: ``MemTracker`` under ``FakeTensorMode`` (no memory, any model size);
-- ``fsdp2``: ``FSDPMemTracker`` over a ``fake`` process group of ``world_size`` ranks under
-  ``FakeTensorMode``: rank 0's view of any world size, on one CPU;
-- ``ddp``: ``MemTracker`` on real tensors over a ``fake`` process group (DDP's reducer reads
-  parameter data, which fake tensors do not have). The fake group's all-reduce gives DDP no
-  result, so a comm hook returns the bucket as it is: the same memory as an in-place
-  all-reduce. A DDP rank's memory depends on the world size only through its micro-batch.
-- ``fsdp`` (FSDP1): not tracked. ``MemTracker`` hooks every parameter a module uses, and
-  FSDP1's ``use_orig_params`` parameters are views into a flat parameter during forward,
-  which autograd refuses hooks on. The model state (sharded parameters, gradients, optimizer
-  state) is still measured from the wrapped model, on real tensors.
+- ``fsdp2``: ``FSDPMemTracker`` under ``FakeTensorMode``;
+- ``ddp``: ``MemTracker`` on real tensors (DDP's reducer reads parameter data, which fake
+  tensors do not have). The fake group's all-reduce gives DDP no result, so a comm hook
+  returns the bucket as it is: the same memory as an in-place all-reduce. A DDP rank's
+  memory depends on the world size only through its micro-batch.
+- ``fsdp`` (FSDP1): not tracked (``Strategy.untracked_reason``: ``MemTracker`` hooks every
+  parameter a module uses, and FSDP1's ``use_orig_params`` parameters are views into a flat
+  parameter during forward, which autograd refuses hooks on). The model state (sharded
+  parameters, gradients, optimizer state) is still measured from the wrapped model, one
+  step on real tensors.
 
 A first, untracked step creates the optimizer state and fills DTensor's sharding caches (a
 tracker would count those once as optimizer memory); then two tracked steps, with module
@@ -27,34 +30,38 @@ category at the peak, plus ``"Total"``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch import nn
 
-from convoy.config import DDPStrategyConfig, Job
+from convoy.config import Job
+from convoy.engine.amp import Precision
+from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
+from convoy.engine.step import StepHooks, StepParts, train_step
 from convoy.errors import ConfigError, one_of
-from convoy.plan import (
-    CATEGORIES,
-    Layout,
+from convoy.plan.format import format_table
+from convoy.plan.job import compute_dtype, layout_job, micro_batch
+from convoy.plan.model import (
     ModelSource,
-    Planner,
     build_raw,
     build_skeleton,
-    compute_dtype,
     fake_batch,
     fake_process_group,
-    format_bytes,
-    format_table,
-    layout_job,
     load_source,
-    micro_batch,
     to_fake,
 )
+from convoy.plan.parse import format_bytes
+from convoy.plan.planner import (
+    CATEGORIES,
+    Layout,
+    Planner,
+)
+from convoy.strategies import Strategy, build_strategy, strategy_class, strategy_classes
+from convoy.tasks import build_task
 
-TRACKED_STRATEGIES = ("single", "ddp", "fsdp2")
 REAL_TENSOR_LIMIT = 2 * 2**30
 """DDP and FSDP1 run on real tensors: refuse models whose state would pass this many bytes."""
 
@@ -104,15 +111,16 @@ def tracked_peak(job: Job, strategy_name: str, world_size: int) -> dict[str, int
     ``fsdp2``) plus ``"Total"``, in bytes.
 
     Runs in the calling process on CPU, without workers or Ray; needs no process group and
-    leaves none behind (it refuses to run if one is already initialized). ``fsdp`` (FSDP1)
-    cannot be tracked and raises ``ConfigError``, as does an unknown strategy.
+    leaves none behind (it refuses to run if one is already initialized). A strategy no
+    tracker can follow (``fsdp``, FSDP1) raises ``ConfigError``, as does an unknown one.
     """
-    if strategy_name not in TRACKED_STRATEGIES:
+    cls = strategy_class(strategy_name, "strategy_name")
+    if cls.memory_tracking is None:
+        tracked = [name for name, c in strategy_classes().items() if c.memory_tracking]
         raise ConfigError(
             "strategy_name",
             strategy_name,
-            f"peak memory is tracked for {one_of(TRACKED_STRATEGIES)}; "
-            "FSDP1's flat-parameter views cannot be tracked",
+            f"peak memory is tracked for {one_of(tracked)}; {cls.untracked_reason}",
         )
     result = track(job, strategy_name, world_size)
     return result.peak
@@ -124,86 +132,133 @@ def track(
     """Run two steps under the trackers (see the module docstring) and measure."""
     source = source or load_source(job)
     run = layout_job(job, strategy_name, world_size)
-    with _process_group(strategy_name, world_size):
-        if strategy_name == "fsdp":
-            state = _fsdp1_model_state(run, source)
-            return Tracked(
-                "fsdp",
-                world_size,
-                model_state=state,
-                note="FSDP1 peak not tracked: MemTracker cannot hook use_orig_params views",
-            )
+    cls = strategy_class(strategy_name, "strategy_name")
+    with fake_process_group(world_size, needed=cls.requires_process_group):
+        if cls.memory_tracking is None:
+            state = _untracked_model_state(run, source)
+            note = f"peak not tracked: {cls.untracked_reason}"
+            return Tracked(strategy_name, world_size, model_state=state, note=note)
         return _tracked_run(run, source)
-
-
-@contextlib.contextmanager
-def _process_group(strategy: str, world_size: int) -> Iterator[None]:
-    """A fake process group for every strategy but ``single``."""
-    with fake_process_group(world_size, needed=strategy != "single"):
-        yield
 
 
 def _tracked_run(job: Job, source: ModelSource) -> Tracked:
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
-    from convoy.engine.amp import Precision
-    from convoy.engine.schedule import build_optimizer, no_decay_names, peak_lr
-    from convoy.strategies import build_strategy
-    from convoy.tasks import build_task
 
     name, size = job.strategy.name, job.scaling.max_workers
-    fake = name != "ddp"
-    mode: Any = FakeTensorMode() if fake else _RealMode()
-    device = torch.device("cpu")
-    dtype = compute_dtype(job)
-    task = build_task(job.task.name, job.task.kwargs)
-    strategy = build_strategy(job.strategy, device, dtype)
-    rows = micro_batch(job, size)
-    batches = [fake_batch(source.sample, rows, mode) for _ in range(job.optim.grad_accum_steps)]
+    tracking = strategy_class(name).memory_tracking
+    assert tracking is not None, "track() measures only the model state of the others"
+    mode: Any = FakeTensorMode() if tracking.fake_tensors else _RealMode()
+    batches = _batches(job, source, mode)
     # Built outside the fake mode: a factory that cannot run on meta is built for real.
-    model = build_skeleton(job, source) if fake else _real_model(job, source)
+    if tracking.fake_tensors:
+        model = build_skeleton(job, source)
+        with mode:
+            model = to_fake(model, torch.device("cpu"))
+    else:
+        model = _real_model(job, source)
+    no_decay = no_decay_names(model)  # from the unwrapped model, as the loop takes them
+    strategy, model = _wrapped(job, model)
     with mode:
-        model = to_fake(model, device) if fake else model
-        no_decay = no_decay_names(model)
-    # fully_shard builds its device mesh from the process group: outside the fake mode
-    # (the fake parameters still dispatch through it).
-    with contextlib.nullcontext() if name == "fsdp2" else mode:
-        model = strategy.wrap(model)
-    if isinstance(job.strategy, DDPStrategyConfig) and job.strategy.comm_hook == "none":
-        model.register_comm_hook(None, _bucket_as_is)  # type: ignore[operator]
-    with mode:
-        optimizer = build_optimizer(
-            job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size)
-        )
-        precision = Precision(dtype, device, strategy)
-        tracker: Any
-        if name == "fsdp2":
-            tracker = FSDPMemTracker(model, optimizer)
-            tracker.track_inputs(batches)
-        else:
-            tracker = MemTracker()
-            tracker.track_external(model, optimizer, *[t for b in batches for t in _leaves(b)])
+        parts = _step_parts(job, strategy, model, no_decay)
+        tracker = _tracker(tracking.tracker, parts, batches)
         state: dict[str, int] = {}
         # An untracked first step: it creates the optimizer state and fills DTensor's
         # sharding caches, which a tracker would otherwise count once as optimizer memory.
-        _step(job, model, optimizer, strategy, precision, task, batches, state)
+        _run_step(job, parts, batches, _Measure(state))
         with tracker:
             for _ in range(2):
-                _step(
-                    job,
-                    model,
-                    optimizer,
-                    strategy,
-                    precision,
-                    task,
-                    batches,
-                    state,
-                    tracker.reset_mod_stats,
-                )
+                _run_step(job, parts, batches, _Measure(state, tracker.reset_mod_stats))
         peak = _flatten(tracker.get_tracker_snapshot("peak"))
+        _measure_model_state(parts, state)
     return Tracked(name, size, peak=peak, model_state=state)
+
+
+def _batches(job: Job, source: ModelSource, mode: Any) -> list[tuple[Any, Any]]:
+    """One global batch's micro-batches on rank 0, as tensors of ``mode``."""
+    rows = micro_batch(job, job.scaling.max_workers)
+    return [fake_batch(source.sample, rows, mode) for _ in range(job.optim.grad_accum_steps)]
+
+
+def _wrapped(job: Job, model: nn.Module) -> tuple[Strategy, nn.Module]:
+    """The job's strategy and ``model`` wrapped by it, outside any fake mode: fully_shard
+    builds its device mesh from the process group (fake parameters still dispatch through
+    it); the other strategies only move the model, which ``to_fake`` made a no-op."""
+    strategy = build_strategy(job.strategy, torch.device("cpu"), compute_dtype(job))
+    model = strategy.wrap(model)
+    # The fake group's all-reduce gives DDP's buckets no result: without a compression hook
+    # of the job's own, one that returns the bucket as it is (an in-place all-reduce's memory).
+    own_hook = getattr(job.strategy, "comm_hook", "none") != "none"
+    if strategy.comm_buffers == "ddp_buckets" and not own_hook:
+        model.register_comm_hook(None, _bucket_as_is)  # type: ignore[operator]
+    return strategy, model
+
+
+def _step_parts(job: Job, strategy: Strategy, model: nn.Module, no_decay: set[str]) -> StepParts:
+    """The loop's optimizer (``no_decay``: parameter names without weight decay), LR
+    schedule, precision and task around the wrapped model."""
+    optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
+    return StepParts(
+        model=model,
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, job.optim, STEPS),
+        strategy=strategy,
+        precision=Precision(compute_dtype(job), strategy.device, strategy),
+        task=build_task(job.task.name, job.task.kwargs),
+    )
+
+
+STEPS = 3
+"""Steps a check runs: one untracked, two tracked (the length of its LR schedule)."""
+
+
+def _tracker(kind: str, parts: StepParts, batches: list[tuple[Any, Any]]) -> Any:
+    """The torch memory tracker named ``kind``, following the model, optimizer and inputs."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
+
+    if kind == "FSDPMemTracker":
+        tracker = FSDPMemTracker(parts.model, parts.optimizer)
+        tracker.track_inputs(tuple(batches))
+        return tracker
+    inputs = [t for batch in batches for t in _leaves(batch)]
+    memory = MemTracker()
+    memory.track_external(parts.model, parts.optimizer, *inputs)
+    return memory
+
+
+class _Measure(StepHooks):
+    """Measures the gradients when they are all in, and calls ``after_micro_step`` after
+    each micro-batch (the trackers follow one forward per module per iteration, so their
+    module statistics are reset there)."""
+
+    def __init__(
+        self, state: dict[str, int], after_micro_step: Callable[[], None] | None = None
+    ) -> None:
+        self.state = state
+        self.after_micro_step = after_micro_step
+
+    def micro_step_done(
+        self, outputs: Any, targets: Any, loss_sum: torch.Tensor, count: torch.Tensor
+    ) -> None:
+        if self.after_micro_step is not None:
+            self.after_micro_step()
+
+    def gradients_ready(self, model: nn.Module) -> None:
+        self.state["grads"] = _local_bytes(p.grad for p in model.parameters())
+
+
+def _run_step(job: Job, parts: StepParts, batches: list[tuple[Any, Any]], hooks: StepHooks) -> None:
+    """One optimizer step of rank 0 as the loop takes it (``train_step``)."""
+    train_step(parts, batches, job.scaling.max_workers, job.optim.grad_clip_norm, hooks)
+
+
+def _measure_model_state(parts: StepParts, state: dict[str, int]) -> None:
+    """Parameters and optimizer state this rank holds (the gradients are measured in the
+    step, before it drops them)."""
+    state["params"] = _local_bytes(parts.model.parameters())
+    state["optimizer"] = _local_bytes(
+        t for per_param in parts.optimizer.state.values() for t in per_param.values()
+    )
 
 
 class _RealMode(contextlib.nullcontext):  # type: ignore[type-arg,unused-ignore]
@@ -231,43 +286,6 @@ def _bucket_as_is(process_group, bucket):  # type: ignore[no-untyped-def,unused-
     future = torch.futures.Future()  # type: ignore[var-annotated]
     future.set_result(bucket.buffer())
     return future
-
-
-def _step(
-    job: Job,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
-    strategy: Any,
-    precision: Any,
-    task: Any,
-    batches: list[tuple[Any, Any]],
-    state: dict[str, int],
-    after_micro_step: Any = None,
-) -> None:
-    """One optimizer step as ``convoy.engine.loop._optimizer_step`` takes it.
-    ``after_micro_step``: called after each micro-batch's backward (the trackers follow
-    one forward per module per iteration, so their module statistics are reset there)."""
-    scale = 1.0 / (job.data.batch_size * 1.0)
-    for i, (inputs, targets) in enumerate(batches):
-        last = i == len(batches) - 1
-        with contextlib.nullcontext() if last else strategy.no_sync(model):
-            with precision.autocast():
-                outputs = task.forward(model, inputs)
-                loss_sum = task.loss_sum(outputs, targets)
-            precision.scaler.scale(loss_sum * scale).backward()
-        if after_micro_step is not None:
-            after_micro_step()
-    state["grads"] = _local_bytes(p.grad for p in model.parameters())
-    if job.optim.grad_clip_norm is not None:
-        precision.scaler.unscale_(optimizer)
-        strategy.clip_grad_norm(model, job.optim.grad_clip_norm)
-    precision.scaler.step(optimizer)
-    precision.scaler.update()
-    state["params"] = _local_bytes(model.parameters())
-    state["optimizer"] = _local_bytes(
-        t for per_param in optimizer.state.values() for t in per_param.values()
-    )
-    optimizer.zero_grad(set_to_none=True)
 
 
 def _local_bytes(tensors: Any) -> int:
@@ -309,35 +327,15 @@ def _flatten(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
     return {name: value for name, value in flat.items() if value or name == "Total"}
 
 
-def _fsdp1_model_state(job: Job, source: ModelSource) -> dict[str, int]:
-    """FSDP1's per-rank model state after one real step (no tracker can follow it)."""
-    from convoy.engine.amp import Precision
-    from convoy.engine.schedule import build_optimizer, no_decay_names, peak_lr
-    from convoy.strategies import build_strategy
-    from convoy.tasks import build_task
-
-    device, dtype = torch.device("cpu"), compute_dtype(job)
+def _untracked_model_state(job: Job, source: ModelSource) -> dict[str, int]:
+    """The per-rank model state after one real step, for a strategy no tracker follows."""
     model = _real_model(job, source)
     no_decay = no_decay_names(model)
-    strategy = build_strategy(job.strategy, device, dtype)
-    model = strategy.wrap(model)
-    optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
-    rows = micro_batch(job, job.scaling.max_workers)
-    batches = [
-        fake_batch(source.sample, rows, _RealMode()) for _ in range(job.optim.grad_accum_steps)
-    ]
+    strategy, model = _wrapped(job, model)
+    parts = _step_parts(job, strategy, model, no_decay)
     state: dict[str, int] = {}
-    precision = Precision(dtype, device, strategy)
-    _step(
-        job,
-        model,
-        optimizer,
-        strategy,
-        precision,
-        build_task(job.task.name, job.task.kwargs),
-        batches,
-        state,
-    )
+    _run_step(job, parts, _batches(job, source, _RealMode()), _Measure(state))
+    _measure_model_state(parts, state)
     return state
 
 
@@ -386,7 +384,7 @@ def check_layouts(
     rows = []
     for size in world_sizes:
         for strategy in strategies:
-            if strategy == "single" and size > 1:
+            if not strategy_class(strategy, "--strategies").runs_on(size):
                 continue
             layout = planner.layout(strategy, size)
             try:
@@ -443,7 +441,7 @@ def format_check(rows: list[CheckRow]) -> str:
             notes.append(f"{name}: {row.tracked.note}")
     lines = [format_table(header, table)]
     lines += [f"note: {note}" for note in notes]
-    if any(row.layout.strategy == "ddp" for row in rows):
+    if any(strategy_class(row.layout.strategy).comm_buffers == "ddp_buckets" for row in rows):
         lines.append(
             "note: MemTracker counts DDP's gradient buckets as activations; the plan shows them as comm"
         )

@@ -1,0 +1,187 @@
+"""Each strategy's class carries what the rest of Convoy asks about it: the facts pinned here
+are the ones the planner, ``plan --check``, ``bench compare`` and the Lightning integration
+used when they still branched on the strategy's name. Outside ``convoy/strategies/`` no code
+spells a strategy's name (config.py's one list of config models aside)."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import convoy
+from convoy.config import STRATEGY_MODELS, STRATEGY_NAMES, load_job, micro_batch, split_batch
+from convoy.errors import ConfigError
+from convoy.plan import strategy_order
+from convoy.strategies import strategy_class, strategy_classes
+
+SRC = Path(convoy.__file__).parent
+
+
+def _name_literals(path: Path) -> list[str]:
+    """Every place in ``path`` that spells a strategy name as a string literal, but
+    docstrings and the ``name`` field of config.py's strategy config models."""
+    tree = ast.parse(path.read_text(), str(path))
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Constant) and node.value in STRATEGY_NAMES):
+            continue
+        if isinstance(parents.get(node), ast.Expr):  # a docstring
+            continue
+        if path.name == "config.py" and _in_name_field(node, parents):
+            continue
+        found.append((node.lineno, node.col_offset, node.value))
+    return [f"{path}:{line}: {value!r}" for line, _, value in sorted(found)]
+
+
+def _in_name_field(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> bool:
+    """Inside ``name: Literal["x"] = "x"`` of a config model: the one list of strategies."""
+    while node in parents:
+        node = parents[node]
+        if isinstance(node, ast.AnnAssign):
+            return isinstance(node.target, ast.Name) and node.target.id == "name"
+    return False
+
+
+def test_no_strategy_name_is_spelled_outside_strategies() -> None:
+    files = [p for p in SRC.rglob("*.py") if "strategies" not in p.relative_to(SRC).parts]
+    found = [hit for path in sorted(files) for hit in _name_literals(path)]
+    assert not found, "ask the strategy's class (convoy.strategies), not its name:\n" + "\n".join(
+        found
+    )
+
+
+def test_the_scan_finds_a_comparison(tmp_path: Path) -> None:
+    module = tmp_path / "planner.py"
+    module.write_text(
+        '"""fsdp2"""\n'
+        "def f(name):\n"
+        '    return name == "fsdp2" or name in ("ddp", "fsdp")\n'
+        'SHARDED = {"fsdp": 1}\n'
+    )
+    hits = [hit.rsplit(": ", 1)[1] for hit in _name_literals(module)]
+    assert hits == ["'fsdp2'", "'ddp'", "'fsdp'", "'fsdp'"]
+
+
+def test_the_registry_follows_the_config_list() -> None:
+    classes = strategy_classes()
+    assert list(classes) == list(STRATEGY_NAMES) == ["single", "ddp", "fsdp", "fsdp2"]
+    for name, cls in classes.items():
+        assert cls.name == name
+        assert cls.config_model is STRATEGY_MODELS[name]
+        assert cls.__module__ == f"convoy.strategies.{name}"  # one file per strategy
+    with pytest.raises(ConfigError, match="'ddp', 'fsdp', 'fsdp2', 'single'"):
+        strategy_class("zero3")
+
+
+def test_import_convoy_leaves_the_strategy_modules_unloaded() -> None:
+    code = (
+        "import sys, convoy, convoy.strategies, convoy.config\n"
+        "heavy = [m for m in ('torch.distributed.fsdp', 'convoy.strategies.fsdp2') "
+        "if m in sys.modules]\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_what_each_strategy_shards() -> None:
+    sharded = {n for n, cls in strategy_classes().items() if cls.sharding.parameters}
+    assert sharded == {"fsdp", "fsdp2"}  # the planner's SHARDED
+    for name, cls in strategy_classes().items():
+        facts = cls.sharding
+        assert facts.parameters == facts.gradients == facts.optimizer_state == (name in sharded)
+        assert facts.mesh_dim == ("world" if name in sharded else None)
+    assert strategy_class("fsdp").sharding.layout == "flat_per_unit"
+    assert strategy_class("fsdp2").sharding.layout == "per_parameter"
+    casts = {n for n, cls in strategy_classes().items() if cls.casts_parameters}
+    assert casts == {"fsdp", "fsdp2"}
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
+def test_buckets_units_and_gathers_as_the_planner_modelled_them(world_size: int) -> None:
+    buffers = {n: cls.comm_buffers for n, cls in strategy_classes().items()}
+    assert buffers == {
+        "single": "none",
+        "ddp": "ddp_buckets",
+        "fsdp": "fsdp_units",
+        "fsdp2": "fsdp_units",
+    }
+    for name, cls in strategy_classes().items():
+        # The planner's gathers(): FSDP2 at any world size, FSDP1 only on more than one.
+        before = name == "fsdp2" or (name == "fsdp" and world_size > 1)
+        assert cls.gathers_parameters(world_size) == before, name
+
+
+def test_workers_and_the_planners_order() -> None:
+    limits = {n: cls.max_world_size() for n, cls in strategy_classes().items()}
+    assert limits == {"single": 1, "ddp": None, "fsdp": None, "fsdp2": None}
+    assert not strategy_class("single").runs_on(2) and strategy_class("ddp").runs_on(64)
+    assert strategy_order() == ["single", "ddp", "fsdp2", "fsdp"]  # the planner's STRATEGY_ORDER
+
+
+def test_memory_trackers_as_plan_check_chose_them() -> None:
+    tracking = {n: cls.memory_tracking for n, cls in strategy_classes().items()}
+    assert {n for n, t in tracking.items() if t} == {"single", "ddp", "fsdp2"}
+    assert tracking["fsdp2"] is not None and tracking["fsdp2"].tracker == "FSDPMemTracker"
+    assert tracking["single"] is not None and tracking["single"].tracker == "MemTracker"
+    assert tracking["ddp"] is not None and not tracking["ddp"].fake_tensors
+    assert "FSDP1" in strategy_class("fsdp").untracked_reason
+
+
+def _old_comm_factor(name: str, cfg: Any, world_size: int) -> float:
+    """``bench compare``'s formula before the strategies carried it."""
+    if name == "single" or world_size == 1:
+        return 0.0
+    passes = 2.0
+    if name == "fsdp" and cfg.sharding == "full_shard":
+        passes = 3.0
+    if name == "fsdp2" and cfg.reshard_after_forward:
+        passes = 3.0
+    return passes * (world_size - 1) / world_size
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        [],
+        ["strategy.sharding=shard_grad_op"],
+        ["strategy.sharding=no_shard"],
+        ["strategy.reshard_after_forward=false"],
+    ],
+)
+def test_comm_volume_is_the_compare_formula(options: list[str]) -> None:
+    for name, cls in strategy_classes().items():
+        own = [o for o in options if o.split("=")[0].split(".")[1] in cls.config_model.model_fields]
+        cfg = load_job(None, [f"strategy.name={name}", "scaling.num_workers=1", *own]).strategy
+        for n in (1, 2, 3, 4, 8):
+            assert cls.comm_volume(cfg, n) == _old_comm_factor(name, cfg, n), (name, own, n)
+
+
+def test_lightning_counterparts() -> None:
+    counterparts = {n: cls.lightning for n, cls in strategy_classes().items()}
+    assert {n: c.strategy for n, c in counterparts.items()} == {
+        "single": "SingleDeviceStrategy",
+        "ddp": "DDPStrategy",
+        "fsdp": "FSDPStrategy",
+        "fsdp2": "ModelParallelStrategy",
+    }
+    # Ray Train's subclasses, which prepare_trainer validates, for ddp and fsdp only.
+    assert {n: c.ray_strategy for n, c in counterparts.items() if c.ray_strategy} == {
+        "ddp": "RayDDPStrategy",
+        "fsdp": "RayFSDPStrategy",
+    }
+    assert [n for n, c in counterparts.items() if c.needs_gpu] == ["fsdp"]
+
+
+def test_one_rule_splits_the_global_batch() -> None:
+    assert split_batch(32, 4, 2) == 4
+    assert split_batch(30, 4, 1) is None
+    job = load_job(None, ["data.batch_size=24", "optim.grad_accum_steps=2"])
+    assert micro_batch(job, 3) == 4
+    with pytest.raises(ConfigError, match=r"data\.batch_size.*5 x 2"):
+        micro_batch(job, 5)
