@@ -289,6 +289,10 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
         else f"wall {summary['wall_seconds']:.1f} s",
         f"peak memory per rank (MiB): {memory}",
     ]
+    if summary.get("compile_seconds") is not None:
+        lines.append(
+            f"torch.compile: {summary['compile_seconds']:.1f} s compiling (not in the step times)"
+        )
     throughput = _throughput_line(summary)
     if throughput:
         lines.append(throughput)

@@ -199,6 +199,12 @@ class StrategySection(Section):
 
     max_workers: ClassVar[int | None] = None
     """The most workers the strategy trains on; None: any number."""
+    activation_checkpointing: Literal["none", "full", "every_n"] = "none"
+    """Recompute blocks' activations in backward instead of keeping them (the model's
+    ``blocks``): ``full`` every block, ``every_n`` blocks 0, n, 2n, ... (``checkpoint_every``).
+    Only each checkpointed block's input is kept; the math is unchanged."""
+    checkpoint_every: Annotated[int, Field(ge=2)] = 2
+    """n for ``activation_checkpointing: every_n``."""
 
 
 class SingleStrategyConfig(StrategySection):
@@ -424,6 +430,9 @@ class RunConfig(Section):
     shared_storage: bool = False
     """Say that a local ``storage_dir`` is a filesystem every node mounts at the same path
     (NFS, EFS, a PVC); without it, runs whose workers span several nodes refuse local paths."""
+    compile: bool = False
+    """``torch.compile`` each of the model's ``blocks`` (each block's forward, whole graph),
+    before sharding; the time spent compiling is reported apart from the step time."""
 
     @field_validator("storage_dir")
     @classmethod

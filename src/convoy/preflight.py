@@ -25,6 +25,7 @@ from convoy.config import Job
 from convoy.data.base import Splits
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
+from convoy.strategies.blocks import compiled_targets, model_blocks
 from convoy.tasks import Task, build_task
 
 # Sources the ray_data loader can stream (image classification).
@@ -57,6 +58,8 @@ def preflight(job: Job) -> Job:
     check_task_data(job, task, splits)
     job = resolve_best_mode(job, task, splits)
     check_model_fits(job, task, splits, sample)
+    if job.run.compile:
+        check_compiles(job, task, splits.shape, sample[0])
     return job
 
 
@@ -226,6 +229,35 @@ def check_context(job: Job, model: torch.nn.Module, shape: dict[str, int]) -> No
         )
 
 
+def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> None:
+    """``run.compile``: each block's forward must trace as one graph, as the workers compile
+    it (``convoy.strategies.blocks``). Traced here with Dynamo's ``eager`` backend (no code
+    generation) on the meta device, or on CPU for a model that does not run there; the
+    compiler's first error line is the message."""
+    import torch._dynamo
+
+    for device in ("meta", "cpu"):
+        with torch.device(device):
+            model = _build(job, shape)
+        for target in compiled_targets(model):
+            target.forward = torch.compile(target.forward, backend="eager", fullgraph=True)
+        try:
+            task.forward(model, move_to(inputs, torch.device(device)))
+            return
+        except torch._dynamo.exc.TorchDynamoException as exc:
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            raise ConfigError(
+                "run.compile",
+                True,
+                f"{type(model).__name__}'s blocks do not compile as one graph each: {first}; "
+                "set run.compile: false, or change what the compiler names",
+            ) from None
+        except Exception:
+            continue  # the meta device: try real tensors
+        finally:
+            torch._dynamo.reset()  # the driver's traces are not the workers'
+
+
 def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
     from convoy.models.registry import build_model
 
@@ -243,6 +275,8 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
             job.model.name,
             f"the factory returned {type(model).__name__}, not a torch.nn.Module",
         )
+    if job.strategy.activation_checkpointing != "none":
+        model_blocks(model, job.strategy.activation_checkpointing)  # it has blocks to checkpoint
     return model
 
 

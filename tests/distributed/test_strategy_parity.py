@@ -76,6 +76,16 @@ def test_losses_match_single(
         )
 
 
+def test_fsdp_with_activation_checkpointing_matches_single(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """FSDP1's per-block units recompute their blocks in backward: the same losses."""
+    expected, _ = reference
+    job = parity_job(tmp_path, "fsdp", 2, ["strategy.activation_checkpointing=full"])
+    run_on_gloo(train_on_rank, 2, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+
+
 def test_accumulation_matches_one_big_batch(
     reference: tuple[list[float], dict], tmp_path: Path
 ) -> None:

@@ -123,6 +123,18 @@ def test_step_one_is_the_global_token_mean_not_a_mean_of_rank_means(
     assert abs(rank_means - exact) / exact > 10 * 1e-5  # 10x the parity tolerance
 
 
+@pytest.mark.parametrize(("strategy", "mode"), [("fsdp2", "full"), ("ddp", "every_n")])
+def test_lm_losses_match_single_with_activation_checkpointing(
+    strategy: str, mode: str, reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """Recomputing blocks in backward (under FSDP2's per-block gathers, and under DDP's
+    bucketed all-reduce) changes no loss."""
+    expected, _ = reference
+    job = lm_job(tmp_path, strategy, 2, [f"strategy.activation_checkpointing={mode}"])
+    run_on_gloo(train_on_rank, 2, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
 def test_lm_losses_match_single(
     strategy: str, reference: tuple[list[float], dict], tmp_path: Path

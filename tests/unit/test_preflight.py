@@ -66,6 +66,29 @@ def mlp_64(num_classes: int = 3):
     return nn.Sequential(nn.Linear(64, num_classes))
 
 
+class ReadsAValue(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(64, 64)
+
+    def forward(self, x):
+        if x.sum().item() > 0:  # a value read in Python: the block's graph breaks here
+            return self.linear(x)
+        return x
+
+
+class BreaksItsGraph(nn.Module):
+    def __init__(self, num_classes: int = 3):
+        super().__init__()
+        self.blocks = nn.ModuleList([ReadsAValue()])
+        self.head = nn.Linear(64, num_classes)
+
+    def forward(self, x):
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
 def a_function_not_a_model(num_classes: int = 3):
     return lambda x: x
 
@@ -108,6 +131,24 @@ def user_module(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.delitem(sys.modules, "preflight_user", raising=False)
     return "preflight_user"
+
+
+def test_block_options_are_refused_before_any_worker(user_module: str) -> None:
+    data = f"data.name={user_module}:three_classes"
+    no_blocks = check([data, f"model.name={user_module}:mlp_64", *CHECKPOINTED])
+    assert no_blocks.startswith("strategy.activation_checkpointing: got 'full'")
+    assert "Sequential has no `blocks`" in no_blocks
+    breaks = check([data, f"model.name={user_module}:BreaksItsGraph", "run.compile=true"])
+    assert breaks.startswith("run.compile: got True; BreaksItsGraph's blocks do not compile")
+    assert "data-dependent" in breaks  # the compiler's own first line
+    # The same model trains eagerly, and checkpoints its blocks.
+    preflight(load_job(None, [*BASE, data, f"model.name={user_module}:BreaksItsGraph"]))
+    preflight(
+        load_job(None, [*BASE, data, f"model.name={user_module}:BreaksItsGraph", *CHECKPOINTED])
+    )
+
+
+CHECKPOINTED = ["strategy.activation_checkpointing=full"]
 
 
 def check(overrides: list[str]) -> str:

@@ -73,6 +73,7 @@ from convoy.outputs import TOKENIZER_FILE, RunOutputs
 from convoy.storage import RunStorage
 from convoy.strategies import Strategy, build_strategy
 from convoy.strategies.base import dtype_from_name
+from convoy.strategies.blocks import compile_seconds, prepare_blocks
 from convoy.tasks import build_task
 
 # Steps excluded from the steady-state step time (allocator and thread-pool warm-up).
@@ -102,6 +103,10 @@ class Timers:
     """Since the last logged step: steps, step seconds, data-wait seconds, global samples."""
     local_seconds: list[float] = field(default_factory=list)
     """Since the last logged step: each step's local work (data wait + forward)."""
+    compiled_before: float = field(default_factory=compile_seconds)
+    """``torch.compile``'s seconds in this process before the run: the summary reports the
+    run's own (``run.compile``), and the step times and throughput leave them out (paid
+    once per shape and mode, not per step)."""
 
 
 @dataclass
@@ -378,7 +383,7 @@ def _build_state(
     task = build_task(job.task.name, job.task.kwargs)
     model = build_model(job.model.name, job.model.kwargs, shape)
     no_decay = no_decay_names(model)
-    model = strategy.wrap(model)
+    model = strategy.wrap(prepare_blocks(model, job.strategy, job.run.compile))
     optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
     return TrainState(
         rank=ctx.rank,
@@ -415,8 +420,15 @@ def _train_epoch(
             _count_flops(job, state, micro_batches[0])
             step_start += time.perf_counter() - data_ready  # counting is not the step's time
             data_ready = time.perf_counter()
+        compiled = compile_seconds() if job.run.compile else 0.0
         loss_sum, global_count, forward_seconds = _optimizer_step(job, state, micro_batches)
         step_end = time.perf_counter()
+        if job.run.compile:
+            compiling = compile_seconds() - compiled
+            # The step's time without its compilation (its data wait unchanged).
+            step_start += compiling
+            data_ready += compiling
+            forward_seconds = max(0.0, forward_seconds - compiling)
         state.step += 1
         state.steps_into_epoch += 1
         if state.heartbeat:
@@ -584,6 +596,7 @@ def _summary(
         "end_time": end,
         "wall_seconds": end - timers.start,
         "train_seconds": timers.train_seconds,
+        "compile_seconds": compile_seconds() - timers.compiled_before if job.run.compile else None,
         "task": job.task.name,
         "samples_per_second": samples_per_second,
         f"{state.task.count_name}_per_second": _rate(state)[0],
