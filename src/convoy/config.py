@@ -199,6 +199,11 @@ class StrategySection(Section):
 
     max_workers: ClassVar[int | None] = None
     """The most workers the strategy trains on; None: any number."""
+
+    def check_layout(self, world_sizes: list[int], workers_per_node: int | None) -> None:
+        """Refuse (``ConfigError``) a layout the strategy cannot take at any of the run's
+        world sizes; ``workers_per_node`` None where only the cluster decides it (Ray)."""
+
     activation_checkpointing: Literal["none", "full", "every_n"] = "none"
     """Recompute blocks' activations in backward instead of keeping them (the model's
     ``blocks``): ``full`` every block, ``every_n`` blocks 0, n, 2n, ... (``checkpoint_every``).
@@ -234,8 +239,41 @@ class FSDP2StrategyConfig(StrategySection):
     """Dtype of the gradient reduce-scatter; params use the job's precision."""
 
 
+class HSDPStrategyConfig(FSDP2StrategyConfig):
+    name: Literal["hsdp"] = "hsdp"  # type: ignore[assignment]
+    shard_size: Annotated[int, Field(gt=0)] | None = None
+    """Ranks that shard one replica of the model (the inner dimension of a replicate x shard
+    mesh); the replicas all-reduce gradient shards between them. Default: the workers of one
+    node, so all-gathers stay inside a node and only the all-reduce crosses the network."""
+
+    def check_layout(self, world_sizes: list[int], workers_per_node: int | None) -> None:
+        shard = self.shard_size or workers_per_node
+        if shard is None:
+            return  # the workers of one node, as the cluster places them: checked at start
+        field, value = (
+            ("strategy.shard_size", shard) if self.shard_size else ("strategy.name", self.name)
+        )
+        for world in world_sizes:
+            if world % shard:
+                raise ConfigError(
+                    field, value, f"shard size {shard} must divide the world size {world}"
+                )
+            if world == shard:
+                raise ConfigError(
+                    field,
+                    value,
+                    f"hsdp with shard size {shard} on {world} workers is one replica, which is "
+                    "fsdp2; use strategy.name=fsdp2, or a strategy.shard_size that splits the "
+                    "workers into 2 or more replicas",
+                )
+
+
 StrategyConfig = Annotated[
-    SingleStrategyConfig | DDPStrategyConfig | FSDPStrategyConfig | FSDP2StrategyConfig,
+    SingleStrategyConfig
+    | DDPStrategyConfig
+    | FSDPStrategyConfig
+    | FSDP2StrategyConfig
+    | HSDPStrategyConfig,
     Field(discriminator="name"),
 ]
 """The one list of strategies: a config model per strategy, each naming itself in ``name``.
@@ -756,6 +794,16 @@ def check_strategy_workers(strategy: StrategySection, workers: int, shown: Any) 
     )
 
 
+def workers_per_node(job: Job) -> int | None:
+    """Workers on each node, where the config decides it (``local``: all of them; torchrun:
+    its layout); None under Ray, whose placement decides."""
+    if job.scaling.launcher == "local":
+        return job.scaling.max_workers
+    if job.scaling.launcher == "torchrun":
+        return torchrun_layout(job.scaling)[1]
+    return None
+
+
 def check_job(job: Job) -> None:
     """Checks that need more than one section. Raises ``ConfigError``."""
     workers = job.scaling.max_workers
@@ -770,6 +818,7 @@ def check_job(job: Job) -> None:
             "fp16 with a grad scaler needs a GPU (scaling.use_gpu: true); on CPU use 'bf16' or 'fp32'",
         )
     check_strategy_workers(job.strategy, workers, shown)
+    job.strategy.check_layout(world_sizes(job.scaling), workers_per_node(job))
     if job.fault.kind != "none" and job.fault.rank >= workers:
         raise ConfigError("fault.rank", job.fault.rank, f"ranks are 0..{workers - 1}")
     if (

@@ -86,3 +86,38 @@ def test_bf16_is_real_mixed_precision(strategy: str) -> None:
 def test_fp32_fsdp2_computes_in_fp32() -> None:
     seen = run_on_gloo(dtypes_seen_in_forward, 2, "fsdp2", "fp32")[0]
     assert seen == {"compute": "torch.float32", "stored": "torch.float32"}
+
+
+def hsdp_layout(ctx: WorkerContext, shard_size: int | None) -> dict[str, object]:
+    """Wrap the tiny ViT under hsdp; the mesh and placements of one parameter."""
+    from torch.distributed.tensor import DTensor
+
+    join_process_group(ctx, timeout_s=60)
+    model = build_model(
+        "vit_tiny", {"depth": 2, "hidden": 32, "mlp": 64}, load_digits(load_job().data).shape
+    )
+    # Under Ray the placement decides the workers per node: given here as 2.
+    overrides = ["strategy.name=hsdp", "scaling.num_workers=4", "scaling.launcher=ray"]
+    overrides += [f"strategy.shard_size={shard_size}"] * bool(shard_size)
+    job = load_job(None, overrides)
+    strategy = build_strategy(job.strategy, ctx.device, torch.float32, local_world_size=2)
+    weight = strategy.wrap(model).blocks[0].mlp[0].weight  # type: ignore[index,union-attr]
+    assert isinstance(weight, DTensor)
+    return {
+        "mesh": tuple(weight.device_mesh.shape),
+        "names": weight.device_mesh.mesh_dim_names,
+        "placements": [str(p) for p in weight.placements],
+    }
+
+
+def test_hsdp_shards_within_a_group_and_replicates_across() -> None:
+    """4 ranks, shard groups of 2 (given, or the workers of a node by default): a 2 x 2
+    mesh, each parameter replicated over the first dimension and dim-0 sharded over the
+    second."""
+    for shard_size in (2, None):
+        layouts = run_on_gloo(hsdp_layout, 4, shard_size)
+        assert layouts[0] == {
+            "mesh": (2, 2),
+            "names": ("replicate", "shard"),
+            "placements": ["R", "S(0)"],  # Replicate(), Shard(0)
+        }

@@ -86,6 +86,20 @@ def test_fsdp_with_activation_checkpointing_matches_single(
     assert step_losses(job) == pytest.approx(expected, rel=1e-5)
 
 
+def test_hsdp_two_by_two_matches_single(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """hsdp on 4 ranks as 2 replicas x 2 shards (all-gathers inside each pair, gradient
+    shards all-reduced across the pairs) == single on the same global batch."""
+    expected, single_summary = reference
+    job = parity_job(tmp_path, "hsdp", 4, ["strategy.shard_size=2"])
+    summaries = run_on_gloo(train_on_rank, 4, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+    assert summaries[0]["metrics"]["test/acc"] == pytest.approx(
+        single_summary["metrics"]["test/acc"], rel=1e-4
+    )
+
+
 def test_accumulation_matches_one_big_batch(
     reference: tuple[list[float], dict], tmp_path: Path
 ) -> None:

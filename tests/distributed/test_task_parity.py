@@ -135,6 +135,16 @@ def test_lm_losses_match_single_with_activation_checkpointing(
     assert step_losses(job) == pytest.approx(expected, rel=1e-5)
 
 
+def test_lm_losses_match_single_under_hsdp(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """Ragged token counts over 4 ranks in 2 replicas x 2 shards: still the global mean."""
+    expected, _ = reference
+    job = lm_job(tmp_path, "hsdp", 4, ["strategy.shard_size=2"])
+    run_on_gloo(train_on_rank, 4, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
 def test_lm_losses_match_single(
     strategy: str, reference: tuple[list[float], dict], tmp_path: Path

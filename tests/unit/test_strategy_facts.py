@@ -70,12 +70,12 @@ def test_the_scan_finds_a_comparison(tmp_path: Path) -> None:
 
 def test_the_registry_follows_the_config_list() -> None:
     classes = strategy_classes()
-    assert list(classes) == list(STRATEGY_NAMES) == ["single", "ddp", "fsdp", "fsdp2"]
+    assert list(classes) == list(STRATEGY_NAMES) == ["single", "ddp", "fsdp", "fsdp2", "hsdp"]
     for name, cls in classes.items():
         assert cls.name == name
         assert cls.config_model is STRATEGY_MODELS[name]
         assert cls.__module__ == f"convoy.strategies.{name}"  # one file per strategy
-    with pytest.raises(ConfigError, match="'ddp', 'fsdp', 'fsdp2', 'single'"):
+    with pytest.raises(ConfigError, match="'ddp', 'fsdp', 'fsdp2', 'hsdp', 'single'"):
         strategy_class("zero3")
 
 
@@ -91,15 +91,17 @@ def test_import_convoy_leaves_the_strategy_modules_unloaded() -> None:
 
 def test_what_each_strategy_shards() -> None:
     sharded = {n for n, cls in strategy_classes().items() if cls.sharding.parameters}
-    assert sharded == {"fsdp", "fsdp2"}  # the planner's SHARDED
+    assert sharded == {"fsdp", "fsdp2", "hsdp"}  # the planner's SHARDED, and hsdp
+    mesh_dims = {"fsdp": "world", "fsdp2": "world", "hsdp": "shard"}
     for name, cls in strategy_classes().items():
         facts = cls.sharding
         assert facts.parameters == facts.gradients == facts.optimizer_state == (name in sharded)
-        assert facts.mesh_dim == ("world" if name in sharded else None)
+        assert facts.mesh_dim == mesh_dims.get(name)
     assert strategy_class("fsdp").sharding.layout == "flat_per_unit"
     assert strategy_class("fsdp2").sharding.layout == "per_parameter"
+    assert strategy_class("hsdp").sharding.layout == "per_parameter"
     casts = {n for n, cls in strategy_classes().items() if cls.casts_parameters}
-    assert casts == {"fsdp", "fsdp2"}
+    assert casts == {"fsdp", "fsdp2", "hsdp"}
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 8])
@@ -110,24 +112,27 @@ def test_buckets_units_and_gathers_as_the_planner_modelled_them(world_size: int)
         "ddp": "ddp_buckets",
         "fsdp": "fsdp_units",
         "fsdp2": "fsdp_units",
+        "hsdp": "fsdp_units",
     }
     for name, cls in strategy_classes().items():
         # The planner's gathers(): FSDP2 at any world size, FSDP1 only on more than one.
-        before = name == "fsdp2" or (name == "fsdp" and world_size > 1)
+        before = name in ("fsdp2", "hsdp") or (name == "fsdp" and world_size > 1)
         assert cls.gathers_parameters(world_size) == before, name
 
 
 def test_workers_and_the_planners_order() -> None:
     limits = {n: cls.max_world_size() for n, cls in strategy_classes().items()}
-    assert limits == {"single": 1, "ddp": None, "fsdp": None, "fsdp2": None}
+    assert limits == {"single": 1, "ddp": None, "fsdp": None, "fsdp2": None, "hsdp": None}
     assert not strategy_class("single").runs_on(2) and strategy_class("ddp").runs_on(64)
-    assert strategy_order() == ["single", "ddp", "fsdp2", "fsdp"]  # the planner's STRATEGY_ORDER
+    # The planner's STRATEGY_ORDER, hsdp after the layouts it refines.
+    assert strategy_order() == ["single", "ddp", "fsdp2", "fsdp", "hsdp"]
 
 
 def test_memory_trackers_as_plan_check_chose_them() -> None:
     tracking = {n: cls.memory_tracking for n, cls in strategy_classes().items()}
-    assert {n for n, t in tracking.items() if t} == {"single", "ddp", "fsdp2"}
+    assert {n for n, t in tracking.items() if t} == {"single", "ddp", "fsdp2", "hsdp"}
     assert tracking["fsdp2"] is not None and tracking["fsdp2"].tracker == "FSDPMemTracker"
+    assert tracking["hsdp"] == tracking["fsdp2"]
     assert tracking["single"] is not None and tracking["single"].tracker == "MemTracker"
     assert tracking["ddp"] is not None and not tracking["ddp"].fake_tensors
     assert "FSDP1" in strategy_class("fsdp").untracked_reason
@@ -156,10 +161,36 @@ def _old_comm_factor(name: str, cfg: Any, world_size: int) -> float:
 )
 def test_comm_volume_is_the_compare_formula(options: list[str]) -> None:
     for name, cls in strategy_classes().items():
+        if name == "hsdp":
+            continue  # below: its own two-level formula
         own = [o for o in options if o.split("=")[0].split(".")[1] in cls.config_model.model_fields]
         cfg = load_job(None, [f"strategy.name={name}", "scaling.num_workers=1", *own]).strategy
         for n in (1, 2, 3, 4, 8):
             assert cls.comm_volume(cfg, n) == _old_comm_factor(name, cfg, n), (name, own, n)
+
+
+@pytest.mark.parametrize(
+    ("world", "shard", "expected"),
+    [
+        # fsdp2's three passes inside each shard group, 2 (r-1)/r of 1/shard across replicas.
+        (4, 2, 3 * 1 / 2 + 2 * (1 / 2) / 2),
+        (8, 4, 3 * 3 / 4 + 2 * (1 / 2) / 4),
+        (8, 2, 3 * 1 / 2 + 2 * (3 / 4) / 2),
+    ],
+)
+def test_hsdp_comm_volume_is_two_levels(world: int, shard: int, expected: float) -> None:
+    cfg = load_job(
+        None,
+        [
+            "strategy.name=hsdp",
+            f"strategy.shard_size={shard}",
+            f"scaling.num_workers={world}",
+            "scaling.launcher=ray",
+        ],
+    ).strategy
+    assert strategy_class("hsdp").comm_volume(cfg, world) == pytest.approx(expected)
+    # Less than fsdp2 over every rank moves: the point of it.
+    assert expected < strategy_class("fsdp2").comm_volume(cfg, world)
 
 
 def test_lightning_counterparts() -> None:
@@ -169,7 +200,9 @@ def test_lightning_counterparts() -> None:
         "ddp": "DDPStrategy",
         "fsdp": "FSDPStrategy",
         "fsdp2": "ModelParallelStrategy",
+        "hsdp": "ModelParallelStrategy",
     }
+    assert [n for n, c in counterparts.items() if c.refused] == ["hsdp"]
     # Ray Train's subclasses, which prepare_trainer validates, for ddp and fsdp only.
     assert {n: c.ray_strategy for n, c in counterparts.items() if c.ray_strategy} == {
         "ddp": "RayDDPStrategy",

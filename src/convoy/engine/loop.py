@@ -188,7 +188,9 @@ class TrainState(StepParts):
 def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
     """Train ``job`` on this worker and return the run summary (same on every rank)."""
     torch.set_num_threads(job.scaling.threads_per_worker or worker_threads(ctx))
-    strategy = build_strategy(job.strategy, ctx.device, dtype_from_name(job.precision))
+    strategy = build_strategy(
+        job.strategy, ctx.device, dtype_from_name(job.precision), ctx.local_world_size
+    )
     needed = strategy.requires_process_group or ctx.world_size > 1
     with process_group(ctx, job.run.collective_timeout_s, needed):
         return _train(job, ctx, strategy)

@@ -208,6 +208,10 @@ def check_strategy(job: Job) -> None:
     """The strategy and its options must be ones Lightning runs here."""
     strategy = job.strategy
     counterpart = strategy_class(strategy.name).lightning
+    if counterpart.refused:
+        raise ConfigError(
+            "strategy.name", strategy.name, f"{counterpart.refused}; use {_cpu_alternatives()}"
+        )
     if counterpart.needs_gpu and not job.scaling.use_gpu:
         raise ConfigError(
             "strategy.name",
@@ -219,6 +223,10 @@ def check_strategy(job: Job) -> None:
         "comm_hook": ("none", "DDP communication hooks are not passed to Lightning"),
         "cpu_offload": (False, "CPU offload is not wired into Lightning's strategies"),
         "reduce_dtype": ("fp32", "Lightning's precision plugin decides the reduce dtype"),
+        "activation_checkpointing": (
+            "none",
+            "a LightningModule checkpoints its own blocks (in its configure_model)",
+        ),
     }
     for option, (default, why) in refused.items():
         value = getattr(strategy, option, default)
@@ -270,6 +278,6 @@ def _cpu_alternatives() -> str:
     names = [
         f"{name!r} ({cls.lightning.strategy})"
         for name, cls in strategy_classes().items()
-        if cls.requires_process_group and not cls.lightning.needs_gpu
+        if cls.requires_process_group and not cls.lightning.needs_gpu and not cls.lightning.refused
     ]
     return ", ".join(names[:-1]) + " or " + names[-1] if len(names) > 1 else "".join(names)

@@ -35,9 +35,12 @@ def strategy_class(name: str, field: str = "strategy.name") -> type[Strategy]:
     return classes[name]
 
 
-def build_strategy(cfg: Any, device: torch.device, compute_dtype: torch.dtype) -> Strategy:
-    """Instantiate the strategy named by ``cfg.name``."""
-    return strategy_class(cfg.name)(cfg, device, compute_dtype)
+def build_strategy(
+    cfg: Any, device: torch.device, compute_dtype: torch.dtype, local_world_size: int = 1
+) -> Strategy:
+    """Instantiate the strategy named by ``cfg.name`` (``local_world_size``: workers on this
+    rank's node)."""
+    return strategy_class(cfg.name)(cfg, device, compute_dtype, local_world_size)
 
 
 @functools.cache

@@ -78,6 +78,8 @@ class LightningCounterpart:
     environment as a plugin."""
     needs_gpu: bool = False
     """Lightning runs it only on CUDA."""
+    refused: str = ""
+    """Why a ``lightning:`` job cannot use it here; empty where it can."""
 
 
 class Strategy:
@@ -102,10 +104,18 @@ class Strategy:
     plan_preference: ClassVar[int] = 0
     """Order among layouts with the same number of workers in ``convoy plan``: lower first."""
 
-    def __init__(self, cfg: Any, device: torch.device, compute_dtype: torch.dtype) -> None:
+    def __init__(
+        self,
+        cfg: Any,
+        device: torch.device,
+        compute_dtype: torch.dtype,
+        local_world_size: int = 1,
+    ) -> None:
         self.cfg = cfg
         self.device = device
         self.compute_dtype = compute_dtype
+        self.local_world_size = local_world_size
+        """Workers on this rank's node (HSDP's default shard group)."""
 
     @classmethod
     def max_world_size(cls) -> int | None:

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import (
     CPUOffloadPolicy,
     FSDPModule,
@@ -67,6 +67,10 @@ class FSDP2Strategy(Strategy):
             param_dtype=param_dtype, reduce_dtype=dtype_from_name(self.cfg.reduce_dtype)
         )
 
+    def device_mesh(self) -> DeviceMesh:
+        """The mesh the parameters are sharded over: every rank, in one dimension."""
+        return init_device_mesh(self.device.type, (dist.get_world_size(),))
+
     def wrap(self, model: nn.Module) -> nn.Module:
         # Pinned host memory needs an accelerator; on a CPU-only run plain memory is right.
         pin = self.device.type == "cuda"
@@ -74,7 +78,7 @@ class FSDP2Strategy(Strategy):
         options = {
             # On the strategy's device: the default mesh is the machine's accelerator even
             # where the run is on CPU (scaling.use_gpu=false), and would move the model there.
-            "mesh": init_device_mesh(self.device.type, (dist.get_world_size(),)),
+            "mesh": self.device_mesh(),
             "mp_policy": self.mixed_precision_policy(),
             "offload_policy": offload,
             "reshard_after_forward": self.cfg.reshard_after_forward,
