@@ -120,6 +120,18 @@ def test_reshard_two_rank_fsdp2_to_one_rank_single(tmp_path: Path) -> None:
         assert summary["metrics"][key] == pytest.approx(summaries[0]["metrics"][key], rel=1e-5)
 
 
+def test_reshard_two_rank_fsdp2_to_four_rank_hsdp(tmp_path: Path) -> None:
+    """Saved by fsdp2 on 2 ranks (each holds half of every parameter), resumed by hsdp on 4
+    (2 replicas x 2 shards): DCP reshards it, and the restored weights evaluate the same."""
+    sharded = resume_job(tmp_path, "fsdp2", 2, "run.name=to-hsdp")
+    summaries = run_on_gloo(train_on_rank, 2, sharded)
+    hybrid = resume_job(tmp_path, "hsdp", 4, "run.name=to-hsdp", "strategy.shard_size=2")
+    resumed = run_on_gloo(train_on_rank, 4, hybrid)
+    assert resumed[0]["resumed_from"].endswith(f"step_{TOTAL_STEPS:08d}")
+    for key in ("test/acc", "test/loss", "test/f1"):
+        assert resumed[0]["metrics"][key] == pytest.approx(summaries[0]["metrics"][key], rel=1e-5)
+
+
 def consolidated(checkpoint: Path, target: Path) -> dict:
     dcp_to_torch_save(checkpoint, target)
     return torch.load(target, weights_only=True)
