@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from convoy.config import load_job
 from convoy.errors import ConfigError
-from convoy.plan import Planner, quiet_warnings
+from convoy.plan import Planner, plan_job, quiet_warnings
 from convoy.plan.check import check_layouts, format_check, tracked_peak
 
 TINY_MLP = ["model.name=mlp", "model.kwargs={hidden: 64, depth: 2}", "data.batch_size=16"]
@@ -62,6 +62,48 @@ def test_bf16_and_accumulation_stay_within_ten_percent() -> None:
     for row in rows:
         assert row.model_state_exact(), format_check(rows)
         assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
+
+
+@pytest.mark.parametrize("mode", ["full", "every_n"])
+def test_activation_checkpointing_is_planned_within_ten_percent(mode: str) -> None:
+    """Checkpointed blocks keep their inputs only, and the peak moves late into backward
+    (a block recomputed beside most gradients): the plan follows, and keeps less."""
+    overrides = [
+        "data.batch_size=8",
+        "data.seq_len=128",
+        "model.kwargs={dropout: 0.0, depth: 4, hidden: 64, heads: 2}",
+    ]
+    job = load_job(
+        "recipes/lm_tiny.yaml", [*overrides, f"strategy.activation_checkpointing={mode}"]
+    )
+    plain = load_job("recipes/lm_tiny.yaml", overrides)
+    with quiet_warnings():
+        rows = check_layouts(job, ["single", "ddp", "fsdp2"], [1, 2], Planner(job))
+        without = {(lay.strategy, lay.world_size): lay.peak for lay in plan_job(plain).layouts}
+    for row in rows:
+        assert row.model_state_exact(), format_check(rows)
+        assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
+        assert row.layout.peak < without[row.layout.strategy, row.layout.world_size]
+
+
+def test_hsdp_is_planned_as_fsdp2_over_its_shard_group() -> None:
+    """hsdp 2 x 2 holds what fsdp2 holds on 2 ranks (state sharded over the group of 2)
+    with the micro-batch of 4 ranks; the trackers agree within 10%."""
+    job = load_job(
+        "recipes/lm_tiny.yaml",
+        [*TINY_GPT, "strategy.name=hsdp", "strategy.shard_size=2", "scaling.num_workers=4"],
+    )
+    planner = Planner(job)
+    with quiet_warnings():
+        rows = check_layouts(job, ["hsdp"], [2, 4], planner)
+    assert [row.layout.world_size for row in rows] == [4]  # 2 ranks would be one replica
+    hybrid, pair = rows[0].layout, planner.layout("fsdp2", 2)
+    assert (hybrid.params, hybrid.optimizer) == (pair.params, pair.optimizer)
+    assert hybrid.micro_batch == pair.micro_batch // 2
+    assert rows[0].model_state_exact(), format_check(rows)
+    assert rows[0].ratio is not None and 0.9 <= rows[0].ratio <= 1.1, format_check(rows)
+    notes = plan_job(load_job("recipes/lm_tiny.yaml", TINY_GPT), ["hsdp"]).notes
+    assert any("strategy.shard_size=N" in note for note in notes)
 
 
 def test_fsdp1_peak_is_refused_with_the_reason() -> None:

@@ -58,8 +58,10 @@ from convoy.plan.planner import (
     CATEGORIES,
     Layout,
     Planner,
+    plannable,
 )
 from convoy.strategies import Strategy, build_strategy, strategy_class, strategy_classes
+from convoy.strategies.blocks import prepare_blocks
 from convoy.tasks import build_task
 
 REAL_TENSOR_LIMIT = 2 * 2**30
@@ -184,7 +186,9 @@ def _wrapped(job: Job, model: nn.Module) -> tuple[Strategy, nn.Module]:
     builds its device mesh from the process group (fake parameters still dispatch through
     it); the other strategies only move the model, which ``to_fake`` made a no-op."""
     strategy = build_strategy(job.strategy, torch.device("cpu"), compute_dtype(job))
-    model = strategy.wrap(model)
+    # Activation checkpointing as the loop applies it (compiling is left out: the trackers
+    # follow eager tensors, and a compiled block keeps what its eager one keeps).
+    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_blocks=False))
     # The fake group's all-reduce gives DDP's buckets no result: without a compression hook
     # of the job's own, one that returns the bucket as it is (an in-place all-reduce's memory).
     own_hook = getattr(job.strategy, "comm_hook", "none") != "none"
@@ -384,7 +388,7 @@ def check_layouts(
     rows = []
     for size in world_sizes:
         for strategy in strategies:
-            if not strategy_class(strategy, "--strategies").runs_on(size):
+            if not plannable(job, strategy, size):
                 continue
             layout = planner.layout(strategy, size)
             try:

@@ -22,9 +22,17 @@ def strategy_order() -> list[str]:
 
 def layout_job(job: Job, strategy: str, world_size: int) -> Job:
     """``job`` run with ``strategy`` on ``world_size`` ranks. The recipe's own strategy
-    settings are kept when it names the same strategy; others get their defaults."""
+    settings are kept when it names the same strategy; others get their defaults, with the
+    recipe's activation checkpointing (every strategy takes it)."""
     same = job.strategy.name == strategy
-    cfg = job.strategy if same else strategy_class(strategy, "--strategies").config_model()
+    cfg = (
+        job.strategy
+        if same
+        else strategy_class(strategy, "--strategies").config_model(
+            activation_checkpointing=job.strategy.activation_checkpointing,
+            checkpoint_every=job.strategy.checkpoint_every,
+        )
+    )
     scaling = job.scaling.model_copy(update={"num_workers": world_size})
     # model_copy skips the cross-section checks that tie a strategy to a launcher: a plan
     # asks about layouts, not about how this recipe would launch them.

@@ -41,6 +41,12 @@ class Activations:
     forward: int = 0
     """The most bytes live at once during the model's forward (what it has saved so far and
     the ops in flight), plus the batch: what FSDP's forward working set meets."""
+    recompute: int = 0
+    """With checkpointed blocks: the backward transient at the moment that holds the most
+    together with the parameters' gradients produced by then (a block recomputed late in
+    backward, with most gradients in); may be negative (saved activations freed)."""
+    recompute_grads: float = 0.0
+    """The fraction of the parameters' gradients produced by that moment."""
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -52,6 +58,10 @@ class _LiveBytes(TorchDispatchMode):
         self.skip = skip
         self.live = 0
         self.peak = 0
+        self.grads = 0
+        """Bytes of the parameters' gradients ``forget`` has taken out so far."""
+        self.peak_with_grads = 0
+        self.grads_at_peak = 0
         self._sizes: dict[Any, int] = {}
         self._refs: dict[Any, weakref.ref[Any]] = {}
 
@@ -68,6 +78,8 @@ class _LiveBytes(TorchDispatchMode):
             self._refs[key] = weakref.ref(storage, functools.partial(self._freed, key))
             self.live += self._sizes[key]
         self.peak = max(self.peak, self.live)
+        if self.live + self.grads > self.peak_with_grads:
+            self.peak_with_grads, self.grads_at_peak = self.live + self.grads, self.grads
         return out
 
     def _freed(self, key: Any, _ref: Any = None) -> None:
@@ -78,7 +90,9 @@ class _LiveBytes(TorchDispatchMode):
         from torch.multiprocessing.reductions import StorageWeakRef
 
         if tensor is not None:
-            self._freed(StorageWeakRef(tensor.untyped_storage()))
+            key = StorageWeakRef(tensor.untyped_storage())
+            self.grads += self._sizes.get(key, 0)
+            self._freed(key)
 
 
 def measure_activations(
@@ -91,6 +105,7 @@ def measure_activations(
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.multiprocessing.reductions import StorageWeakRef
 
+    from convoy.strategies.blocks import checkpointed_blocks, prepare_blocks
     from convoy.tasks import build_task
 
     task = build_task(job.task.name, job.task.kwargs)
@@ -111,6 +126,11 @@ def measure_activations(
             StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]
         }
         saved: dict[StorageWeakRef, int] = {}
+        # A checkpointed block keeps only its input (its activations are recomputed in
+        # backward, where the tracker below sees them come and go).
+        prepare_blocks(model, job.strategy, compile_blocks=False)
+        for block in checkpointed_blocks(model):
+            block.register_forward_pre_hook(lambda _, args: _keep_inputs(args, saved, owned))
 
         def pack(tensor: torch.Tensor) -> torch.Tensor:
             ref = StorageWeakRef(tensor.untyped_storage())
@@ -131,7 +151,8 @@ def measure_activations(
                 loss = task.loss_sum(outputs, targets)
             for out in _tensors(outputs):
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
-            backward = in_model = 0
+            backward = in_model = recompute = 0
+            recompute_grads = 0.0
             if loss.requires_grad:
                 # Parameters' gradients are the plan's `grads`: each is counted as it is
                 # produced (it is live then, with the activations), then left out.
@@ -139,7 +160,8 @@ def measure_activations(
                     p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad))
                     for p in params
                 ]
-                start = tracker.peak = tracker.live
+                start = tracker.peak = tracker.peak_with_grads = tracker.live
+                tracker.grads = tracker.grads_at_peak = 0
                 marks: list[int] = []
 
                 def reached_model(grad: torch.Tensor) -> None:
@@ -157,9 +179,26 @@ def measure_activations(
                 in_model = tracker.peak - start if marks else backward
                 for hook in hooks:
                     hook.remove()
+                recompute = tracker.peak_with_grads - tracker.grads_at_peak - start
+                recompute_grads = tracker.grads_at_peak / max(tracker.grads, 1)
     return Activations(
-        sum(saved.values()), max(saved.values(), default=0), backward, in_model, forward
+        sum(saved.values()),
+        max(saved.values(), default=0),
+        backward,
+        in_model,
+        forward,
+        recompute if checkpointed_blocks(model) else 0,
+        recompute_grads if checkpointed_blocks(model) else 0.0,
     )
+
+
+def _keep_inputs(args: Any, saved: dict[Any, int], owned: set[Any]) -> None:
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    for tensor in _tensors(args):
+        ref = StorageWeakRef(tensor.untyped_storage())
+        if ref not in owned:
+            saved[ref] = tensor.untyped_storage().nbytes()
 
 
 def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:

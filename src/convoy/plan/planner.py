@@ -116,17 +116,20 @@ class Planner:
         cls = strategy_class(strategy, "--strategies")
         job = layout_job(self.job, strategy, world_size)
         rows = micro_batch(job, world_size)
-        sharded = cls.sharding.parameters and world_size > 1
+        # What the model state is split over: every rank, a shard group (hsdp), or none.
+        shards = cls.shard_ranks(job.strategy, world_size)
+        assert shards is not None, f"{strategy} cannot run on {world_size} ranks (plan_job)"
+        sharded = cls.sharding.parameters and shards > 1
         local = self.param_count
         if sharded and cls.sharding.layout == "flat_per_unit":  # split evenly per unit
-            local = sum(math.ceil(sum(p.numel() for p in u) / world_size) for u in self.units)
+            local = sum(math.ceil(sum(p.numel() for p in u) / shards) for u in self.units)
         elif sharded:
-            local = sum(shard_numel(p, world_size) for p in self.params)
+            local = sum(shard_numel(p, shards) for p in self.params)
         params = grads = 4 * local  # fp32 master weights and gradients
-        opt = self.optimizer(strategy, world_size)
+        opt = self.optimizer(strategy, shards)
         acts = self.activations(strategy, rows)
         backward_temp = acts.backward
-        comm = self._comm(job, cls, world_size)
+        comm = self._comm(job, cls, shards)
         # Accumulation: later micro-steps run with the gradients of earlier ones; no_sync
         # keeps them unsharded under FSDP.
         accum_grads = 0
@@ -150,10 +153,20 @@ class Planner:
                 "comm": ddp_buckets,
             },
         }
+        if acts.recompute_grads:
+            # Checkpointed blocks: the peak may come late in backward, a block recomputed
+            # with most gradients already produced (in their final, sharded form).
+            moments["backward (recompute)"] = {
+                **static,
+                "grads": accum_grads or round(acts.recompute_grads * grads),
+                "activations": acts.saved + min(acts.recompute, 0),
+                "temp": max(acts.recompute, 0),
+                "comm": ddp_buckets,
+            }
         if cls.sharding.layout == "per_parameter":
             # fully_shard's working set. "backward" is the loss's own backward: every unit
             # is resharded then.
-            held = self._fsdp2_held(job, world_size)
+            held = self._fsdp2_held(job, shards)
             parts = {
                 "forward (unit)": (acts.forward, 0),
                 "backward (in model)": (acts.saved, acts.backward_in_model),
@@ -167,8 +180,10 @@ class Planner:
                     "temp": temp,
                     "comm": held[name],
                 }
+            if "backward (recompute)" in moments:  # the recomputed block is unsharded
+                moments["backward (recompute)"]["comm"] = held["backward (unit)"]
             comm = max(held.values())
-        elif cls.gathers_parameters(world_size):
+        elif cls.gathers_parameters(shards):
             # Backward through the largest unit: it is unsharded, the next one is being
             # all-gathered, and its full gradients wait for the reduce-scatter (fp32).
             moments["backward (unit)"] = {
@@ -333,9 +348,29 @@ def plan_job(
             )
             continue
         for strategy in strategies:
-            if strategy_class(strategy).runs_on(size):
+            if plannable(job, strategy, size):
                 layouts.append(planner.layout(strategy, size))
+    unplaced = [
+        name
+        for name in strategies
+        if not any(layout.strategy == name for layout in layouts)
+        and any(strategy_class(name).runs_on(size) for size in world_sizes)
+    ]
+    for name in unplaced:
+        notes.append(
+            f"{name}: no layout at world sizes {', '.join(map(str, world_sizes))} with its "
+            "settings (hsdp: give -o strategy.name=hsdp -o strategy.shard_size=N, the workers "
+            "of one node, that splits a world size into 2 or more replicas)"
+        )
     return Plan(job, layouts, gpu_memory, planner.param_count, notes)
+
+
+def plannable(job: Job, strategy: str, world_size: int) -> bool:
+    """Whether ``strategy`` (with the settings ``layout_job`` gives it) trains on
+    ``world_size`` ranks: ``single`` on one, ``hsdp`` where its shard group splits them."""
+    cls = strategy_class(strategy, "--strategies")
+    cfg = layout_job(job, strategy, world_size).strategy
+    return cls.runs_on(world_size) and cls.shard_ranks(cfg, world_size) is not None
 
 
 def _shards(strategy: str) -> bool:

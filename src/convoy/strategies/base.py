@@ -129,6 +129,12 @@ class Strategy:
         return limit is None or world_size <= limit
 
     @classmethod
+    def shard_ranks(cls, cfg: Any, world_size: int) -> int | None:
+        """The ranks its model state is split over on ``world_size`` ranks (1: whole on
+        every rank); None where ``cfg`` cannot take that world size."""
+        return world_size if cls.sharding.parameters else 1
+
+    @classmethod
     def gathers_parameters(cls, world_size: int) -> bool:
         """Whether it all-gathers parameters into unsharded copies on ``world_size`` ranks."""
         one_rank_too = cls.sharding.unsharded_copies_on_one_rank

@@ -46,6 +46,14 @@ def compiled_targets(model: nn.Module) -> list[nn.Module]:
     return list(blocks) if isinstance(blocks, nn.ModuleList) and len(blocks) else [model]
 
 
+def checkpointed_blocks(model: nn.Module) -> list[nn.Module]:
+    """The blocks ``prepare_blocks`` checkpointed."""
+    blocks = getattr(model, "blocks", None)
+    if not isinstance(blocks, nn.ModuleList):
+        return []
+    return [block for block in blocks if getattr(block.forward, CHECKPOINTED, False)]
+
+
 def model_blocks(model: nn.Module, mode: str) -> list[nn.Module]:
     """The model's repeated blocks (``model.blocks``); a ``ConfigError`` where it has none."""
     blocks = getattr(model, "blocks", None)
@@ -65,7 +73,12 @@ def checkpointed(forward: Callable[..., Any]) -> Callable[..., Any]:
     def run(*args: Any, **kwargs: Any) -> Any:
         return checkpoint(forward, *args, use_reentrant=False, **kwargs)
 
+    setattr(run, CHECKPOINTED, True)
     return run
+
+
+CHECKPOINTED = "_convoy_checkpointed"
+"""Marks a block forward that ``checkpointed`` wrapped."""
 
 
 def compile_seconds() -> float:

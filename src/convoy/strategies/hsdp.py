@@ -42,6 +42,15 @@ class HSDPStrategy(FSDP2Strategy):
     plan_preference = 3
 
     @classmethod
+    def shard_ranks(cls, cfg: Any, world_size: int) -> int | None:
+        """The shard group's size; None where it is unset (the workers of a node, which only
+        the placement knows) or does not split ``world_size`` into 2 or more replicas."""
+        shard = cfg.shard_size
+        if shard is None or world_size % shard or world_size == shard:
+            return None
+        return int(shard)
+
+    @classmethod
     def comm_volume(cls, cfg: Any, world_size: int) -> float:
         """fsdp2's passes inside a shard group, then an all-reduce (two passes) of each
         rank's 1/shard of the gradients across the replicas; a shard size the config leaves
