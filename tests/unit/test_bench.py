@@ -209,7 +209,9 @@ def test_loss_gap_and_strategy_names() -> None:
     assert loss_gap([2.0, 1.1], [2.0, 1.0]) == pytest.approx(0.1)
     assert loss_gap([2.0], [2.0, 1.0]) is None  # fewer steps than the reference
     assert parse_strategies("single, ddp") == ["single", "ddp"]
-    for bad in ("ddp,zero3", "ddp,ddp", ""):
+    layouts = "fsdp2,fsdp2+ac,fsdp2+ac+compile,hsdp+compile"
+    assert parse_strategies(layouts) == layouts.split(",")
+    for bad in ("ddp,zero3", "ddp,ddp", "", "fsdp2+tp", "ddp+ac+ac", "zero3+ac"):
         with pytest.raises(ConfigError, match="--strategies"):
             parse_strategies(bad)
 

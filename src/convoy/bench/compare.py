@@ -1,4 +1,5 @@
-"""``convoy bench compare``: single / ddp / fsdp / fsdp2 like for like on one recipe.
+"""``convoy bench compare``: the strategies (and ``+ac`` / ``+compile`` layouts of them) like
+for like on one recipe.
 
 Like for like means: the same seed (so the same initial weights), the same global batch
 (``single`` trains it on one worker, the others split it over N), the same wrap units (the
@@ -66,16 +67,32 @@ class ComparePlan:
     bench_dir: str
 
 
+LAYOUT_OPTIONS = {
+    "ac": "strategy.activation_checkpointing=full",
+    "compile": "run.compile=true",
+}
+"""What a ``+option`` after a strategy's name in ``--strategies`` adds to its run."""
+
+
 def parse_strategies(text: str) -> list[str]:
-    """``"single,ddp"`` -> ["single", "ddp"]; unknown or repeated names are refused, the error
-    naming the bad one (and the closest known name)."""
+    """``"single,ddp,fsdp2+ac+compile"`` -> the layouts, each a strategy's name with
+    ``+ac`` (activation checkpointing, every block) and / or ``+compile`` (``torch.compile``
+    per block); unknown or repeated ones are refused, the error naming the bad one (and the
+    closest known name)."""
     names = [s.strip() for s in text.split(",") if s.strip()]
-    allowed = f"distinct names, comma-separated; {one_of(STRATEGY_NAMES)}"
-    unknown = [s for s in names if s not in STRATEGY_NAMES]
-    if unknown:
-        guess = difflib.get_close_matches(unknown[0], STRATEGY_NAMES, n=1, cutoff=0.5)
-        hint = f" (did you mean {guess[0]!r}?)" if guess else ""
-        raise ConfigError("--strategies", text, f"unknown {unknown[0]!r}{hint}; {allowed}")
+    allowed = (
+        f"distinct layouts, comma-separated: {one_of(STRATEGY_NAMES)}, each with optional "
+        f"{' / '.join('+' + o for o in LAYOUT_OPTIONS)}"
+    )
+    for name in names:
+        strategy, *options = name.split("+")
+        if strategy not in STRATEGY_NAMES:
+            guess = difflib.get_close_matches(strategy, STRATEGY_NAMES, n=1, cutoff=0.5)
+            hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+            raise ConfigError("--strategies", text, f"unknown {strategy!r}{hint}; {allowed}")
+        unknown = [o for o in options if o not in LAYOUT_OPTIONS]
+        if unknown or len(set(options)) < len(options):
+            raise ConfigError("--strategies", text, f"bad option in {name!r}; {allowed}")
     repeated = sorted({s for s in names if names.count(s) > 1})
     if repeated:
         raise ConfigError("--strategies", text, f"{', '.join(repeated)} repeated; {allowed}")
@@ -125,16 +142,21 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
     storage = bench_storage(base, args.out)
     bench_dir = f"{storage}/{bench_name('compare')}"
     jobs = {}
-    for name in strategies:
+    for layout in strategies:
+        name, *options = layout.split("+")
         limit = strategy_class(name, "--strategies").max_world_size()
         workers = args.workers if limit is None else min(args.workers, limit)
         extra = [
             strategy_override(name, base.strategy.name),
+            *default_shard_size(name, base, workers),
+            *(LAYOUT_OPTIONS[option] for option in options),
             f"run.seed={base.run.seed}",
             *pinned_threads(base, max(args.workers, 1)),
-            *engine_overrides(bench_dir, name, workers, args.steps, args.warmup),
+            *engine_overrides(
+                bench_dir, layout.replace("+", "-"), workers, args.steps, args.warmup
+            ),
         ]
-        jobs[name] = bench_job(args.recipe, args.override, extra, ("--workers", args.workers))
+        jobs[layout] = bench_job(args.recipe, args.override, extra, ("--workers", args.workers))
     return ComparePlan(jobs, args.workers, args.warmup, args.steps, rtol, bench_dir)
 
 
@@ -144,6 +166,17 @@ def strategy_override(name: str, recipe_strategy: str) -> str:
     if name == recipe_strategy:
         return f"strategy.name={name}"
     return f"strategy={{name: {name}}}"
+
+
+def default_shard_size(name: str, base: Job, workers: int) -> list[str]:
+    """hsdp without the recipe's ``shard_size``: two replicas of ``workers // 2`` ranks (the
+    bench runs its workers on one machine, where "the workers of one node" is all of them)."""
+    if (
+        name != base.strategy.name
+        and "shard_size" in strategy_class(name).config_model.model_fields
+    ):
+        return [f"strategy.shard_size={max(1, workers // 2)}"]
+    return []
 
 
 def run_compare(plan: ComparePlan) -> dict[str, Any]:
@@ -200,6 +233,7 @@ def _row(
         "first_losses": run.losses[:LOSS_STEPS],
         "loss_max_relative_gap": worst,
         "loss_agrees": worst is not None and worst <= rtol,
+        "compile_seconds": run.summary.get("compile_seconds"),
     }
 
 
@@ -249,6 +283,12 @@ def format_report(result: dict[str, Any]) -> str:
         "comm / step / rank",
         f"loss steps 1-{result['loss_steps']}",
     ]
+    compiled = any(r.get("compile_seconds") is not None for r in result["strategies"])
+    if compiled:
+        headers.append("compile s")
+        for cells, row in zip(rows, result["strategies"], strict=True):
+            seconds = row.get("compile_seconds")
+            cells.append("-" if seconds is None else f"{seconds:.1f}")
     sources = sorted({r["peak_memory_source"] for r in result["strategies"]})
     psi = result["parameter_bytes"]
     agree = (
@@ -274,8 +314,11 @@ def format_report(result: dict[str, Any]) -> str:
             "comm: bytes sent per step per rank, psi = parameter bytes"
             + (f" = {format_bytes(psi)}" if psi else " (n/a: the model could not be built here)")
             + ": ddp 2 psi (n-1)/n, fsdp/fsdp2 full shard 3 psi (n-1)/n (2 when parameters stay "
-            "gathered after forward), single 0.",
-            f"step time: {result['timing']}. runs: {result['bench_dir']}",
+            "gathered after forward), hsdp fsdp2's inside a shard group of s plus "
+            "2 psi/s (r-1)/r across its r replicas, single 0.",
+            f"step time: {result['timing']}"
+            + (" (without compiling: the compile s column)" if compiled else "")
+            + f". runs: {result['bench_dir']}",
         ]
     )
 

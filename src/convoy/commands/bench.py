@@ -38,6 +38,8 @@ COMPARE_EXAMPLES = """\
 examples:
   convoy bench compare recipes/default.yaml -o scaling.launcher=torchrun
   convoy bench compare recipes/lm_tiny.yaml --strategies ddp,fsdp2 --workers 4 --steps 50
+  convoy bench compare recipes/lm_tiny.yaml --strategies fsdp2,fsdp2+ac,fsdp2+compile,hsdp \\
+      -o scaling.launcher=torchrun --workers 4
 
 Every strategy gets the same seed, global batch and wrap units; 'single' runs it on one
 worker. Communication per step per rank (psi = parameter bytes): ddp 2 psi (n-1)/n, fsdp and
@@ -135,10 +137,13 @@ def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
 
     compare = actions.add_parser(
         "compare",
-        help="single / ddp / fsdp / fsdp2 like for like on one recipe",
+        help="the strategies like for like on one recipe (+ac, +compile layouts too)",
         description="Train the recipe with each strategy for --warmup + --steps steps: same "
-        "seed, global batch and wrap units. Reports step time, throughput, peak memory per "
-        "rank, communication per step, and whether the first steps' losses agree.",
+        "seed, global batch and wrap units. A layout may add +ac (activation checkpointing "
+        "of every block) and +compile (torch.compile per block), e.g. fsdp2+ac+compile; hsdp "
+        "without the recipe's shard_size runs as 2 replicas of --workers / 2. Reports step "
+        "time, throughput, peak memory per rank, communication per step, compile time, and "
+        "whether the first steps' losses agree.",
         epilog=COMPARE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
