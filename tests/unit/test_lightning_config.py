@@ -119,6 +119,13 @@ def test_strategies_and_options_lightning_cannot_run(tmp_path: Path) -> None:
     assert error.field == "strategy.cpu_offload"
     error = refusal(tmp_path, "checkpoint.keep_best=1")
     assert error.field == "checkpoint.keep_best"
+    # What a LightningModule does itself, in its configure_model.
+    error = refusal(tmp_path, "strategy.name=ddp", "strategy.activation_checkpointing=full")
+    assert error.field == "strategy.activation_checkpointing"
+    assert refusal(tmp_path, "run.compile=true").field == "run.compile"
+    hybrid = ["scaling.launcher=torchrun", "scaling.num_workers=4", "strategy.shard_size=2"]
+    error = refusal(tmp_path, "strategy.name=hsdp", *hybrid)
+    assert error.field == "strategy.name" and "2-D mesh" in str(error)
 
 
 def test_trainer_kwargs_convoy_sets_or_trainer_lacks(tmp_path: Path) -> None:

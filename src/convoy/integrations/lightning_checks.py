@@ -228,6 +228,13 @@ def check_strategy(job: Job) -> None:
             "a LightningModule checkpoints its own blocks (in its configure_model)",
         ),
     }
+    if job.run.compile:
+        raise ConfigError(
+            "run.compile",
+            True,
+            "a LightningModule compiles its own blocks (torch.compile in its configure_model); "
+            "a lightning: job takes run.compile: false",
+        )
     for option, (default, why) in refused.items():
         value = getattr(strategy, option, default)
         if value != default:
