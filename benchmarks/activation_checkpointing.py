@@ -63,8 +63,8 @@ def memory(job: Job) -> tuple[int, int, str]:
     """(planned peak, tracked peak, planned moment) of ``single`` x 1."""
     with quiet_warnings():
         (row,) = check_layouts(job, ["single"], [1], Planner(job))
-    assert row.tracked.tracked_total is not None
-    return row.layout.peak, row.tracked.tracked_total, row.layout.peak_moment
+    assert row.tracked_total is not None, row.tracked.note
+    return row.layout.peak, row.tracked_total, row.layout.peak_moment
 
 
 def step_seconds(job: Job, steps: int) -> list[float]:
