@@ -23,6 +23,11 @@ class ConfigError(ConvoyError):
         self.allowed = allowed
         super().__init__(f"{field}: got {value!r}; {allowed}")
 
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Pickled with its own arguments: an error raised in a Ray worker reaches the driver
+        # (the default reduce passes only the message, which __init__ cannot take).
+        return type(self), (self.field, self.value, self.allowed)
+
 
 class DataError(ConvoyError):
     """A dataset is missing, unreadable or malformed."""

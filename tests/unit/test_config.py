@@ -168,3 +168,12 @@ def test_recipe_must_be_a_mapping(tmp_path: Path) -> None:
 def test_malformed_override() -> None:
     with pytest.raises(ConfigError, match=r"key\.path=value"):
         load_job(None, ["optim.lr"])
+
+
+def test_a_config_error_survives_pickling() -> None:
+    """Raised in a Ray worker, it reaches the driver whole (Ray pickles the exception)."""
+    import pickle
+
+    error = pickle.loads(pickle.dumps(ConfigError("strategy.shard_size", 4, "must divide 6")))
+    assert (error.field, error.value, error.allowed) == ("strategy.shard_size", 4, "must divide 6")
+    assert str(error) == "strategy.shard_size: got 4; must divide 6"

@@ -763,3 +763,20 @@ def test_a_private_rays_environment_is_set_only_while_it_starts(
     # A later Ray in this process (one that wants metrics) starts from a clean slate.
     assert "CONVOY_PRIVATE_RAY" not in os.environ
     assert os.environ[metrics] == "1"
+
+
+def test_hsdp_on_a_one_node_ray_cluster_is_checked_before_any_worker(tmp_path: Path) -> None:
+    """On one node every worker is local, so hsdp's default shard group is all of them: one
+    replica, refused before the workers start; a shard size that splits them is taken."""
+    from convoy.launchers.ray import prepare_on_cluster
+
+    class OneNode:
+        def nodes(self) -> list[dict[str, object]]:
+            return [{"Alive": True, "Resources": {"CPU": 4.0}}]
+
+    base = [f"run.storage_dir={tmp_path}", "strategy.name=hsdp", "scaling.num_workers=4"]
+    base += ["scaling.cpus_per_worker=0.5", "scaling.launcher=ray"]
+    with pytest.raises(ConfigError, match="one replica, which is fsdp2"):
+        prepare_on_cluster(OneNode(), load_job(None, base))
+    split = prepare_on_cluster(OneNode(), load_job(None, [*base, "strategy.shard_size=2"]))
+    assert split.strategy.shard_size == 2  # type: ignore[union-attr]

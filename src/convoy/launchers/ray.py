@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from convoy.config import Job, RayLauncherConfig, job_from_dict
+from convoy.config import Job, RayLauncherConfig, job_from_dict, world_sizes
 from convoy.distributed import WorkerContext
 from convoy.errors import ConvoyError, LaunchError, ResourceError
 from convoy.imports import missing_extra
@@ -455,6 +455,10 @@ def prepare_on_cluster(ray: Any, job: Job, shared_cluster: bool = False) -> Job:
     check_shared_storage(job, hosts, where)
     job = reserve_data_cpus(job, nodes)
     check_cluster_resources(job, nodes)
+    if hosts == 1 and not job.scaling.elastic:
+        # Every worker lands on the one node that can host them: a layout that depends on
+        # the workers per node (hsdp's default shard group) is checked before they start.
+        job.strategy.check_layout(world_sizes(job.scaling), job.scaling.max_workers)
     return job
 
 
