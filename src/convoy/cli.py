@@ -44,8 +44,8 @@ def _add_recipe_args(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="convoy",
-        description="Distributed PyTorch training on Ray: one recipe, four strategies "
-        "(single, ddp, fsdp, fsdp2), three launchers (local, torchrun, ray).",
+        description="Distributed PyTorch training on Ray: one recipe, five strategies "
+        "(single, ddp, fsdp, fsdp2, hsdp), three launchers (local, torchrun, ray).",
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

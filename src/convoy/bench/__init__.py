@@ -4,8 +4,9 @@
   nccl-tests' rows (``size count type redop time algbw busbw``);
 - ``scaling``: the recipe's model at several world sizes, weak or strong, with the scaling
   efficiency ``E = X_N / (N x X_1)`` from global throughput;
-- ``compare``: single / ddp / fsdp / fsdp2 like for like (same seed, global batch and wrap
-  units), with step time, throughput, peak memory per rank and a loss-agreement check.
+- ``compare``: the strategies, and their ``+ac`` / ``+compile`` layouts, like for like (same
+  seed, global batch and wrap units), with step time, throughput, peak memory per rank,
+  compile time and a loss-agreement check.
 
 Every benchmark runs on the workers a training run would get (``local``, ``torchrun``, ``ray``,
 one node or several): the all-reduce one as a ``WorkerEntry``, the other two as ordinary
