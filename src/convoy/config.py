@@ -197,6 +197,8 @@ class StrategySection(Section):
     """Base of each strategy's config section. The strategy's class (``convoy.strategies``)
     carries the rest of what is known about it."""
 
+    name: str = ""
+    """Each strategy's own ``Literal`` (declared here first so that it leads the section)."""
     max_workers: ClassVar[int | None] = None
     """The most workers the strategy trains on; None: any number."""
 
