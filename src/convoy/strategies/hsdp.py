@@ -17,6 +17,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from convoy.config import HSDPStrategyConfig
+from convoy.errors import ConfigError
 from convoy.strategies.base import LightningCounterpart, Sharding
 from convoy.strategies.fsdp2 import FSDP2Strategy
 
@@ -45,10 +46,13 @@ class HSDPStrategy(FSDP2Strategy):
     def shard_ranks(cls, cfg: Any, world_size: int) -> int | None:
         """The shard group's size; None where it is unset (the workers of a node, which only
         the placement knows) or does not split ``world_size`` into 2 or more replicas."""
-        shard = cfg.shard_size
-        if shard is None or world_size % shard or world_size == shard:
+        if cfg.shard_size is None:
             return None
-        return int(shard)
+        try:
+            cfg.check_layout([world_size], None)
+        except ConfigError:
+            return None
+        return int(cfg.shard_size)
 
     @classmethod
     def comm_volume(cls, cfg: Any, world_size: int) -> float:
