@@ -44,6 +44,7 @@ from convoy.engine.step import StepHooks, StepParts, train_step
 from convoy.errors import ConfigError, one_of
 from convoy.plan.format import format_table
 from convoy.plan.job import compute_dtype, layout_job, micro_batch
+from convoy.plan.measure import tensors_in
 from convoy.plan.model import (
     ModelSource,
     build_raw,
@@ -224,7 +225,7 @@ def _tracker(kind: str, parts: StepParts, batches: list[tuple[Any, Any]]) -> Any
         tracker = FSDPMemTracker(parts.model, parts.optimizer)
         tracker.track_inputs(tuple(batches))
         return tracker
-    inputs = [t for batch in batches for t in _leaves(batch)]
+    inputs = [t for batch in batches for t in tensors_in(batch)]
     memory = MemTracker()
     memory.track_external(parts.model, parts.optimizer, *inputs)
     return memory
@@ -308,16 +309,6 @@ def _local_bytes(tensors: Any) -> int:
         storage = local.untyped_storage()
         seen[StorageWeakRef(storage)] = storage.nbytes()
     return sum(seen.values())
-
-
-def _leaves(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in _leaves(item)]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _leaves(item)]
-    return []
 
 
 def _flatten(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:

@@ -69,7 +69,7 @@ class _LiveBytes(TorchDispatchMode):
         from torch.multiprocessing.reductions import StorageWeakRef
 
         out = func(*args, **(kwargs or {}))
-        for tensor in _tensors(out):
+        for tensor in tensors_in(out):
             storage = tensor.untyped_storage()
             key = StorageWeakRef(storage)
             if key in self.skip or key in self._sizes:
@@ -111,10 +111,10 @@ def measure_activations(
     task = build_task(job.task.name, job.task.kwargs)
     mode = FakeTensorMode()
     inputs, targets = fake_batch(source.sample, rows, mode)
-    batch = _storage_bytes([*_tensors(inputs), *_tensors(targets)])
+    batch = _storage_bytes([*tensors_in(inputs), *tensors_in(targets)])
     if cast_params is not None:  # FSDP casts floating-point inputs to its param dtype
         cast = _cast_floats(inputs, cast_params)
-        batch += _storage_bytes([t for t in _tensors(cast) if t.is_floating_point()])
+        batch += _storage_bytes([t for t in tensors_in(cast) if t.is_floating_point()])
         inputs = cast
     skeleton = build_skeleton(job, source)  # outside the fake mode: a real build may need values
     if cast_params is not None:  # FSDP's MixedPrecision: parameters cast, no autocast
@@ -149,7 +149,7 @@ def measure_activations(
                 outputs = task.forward(model, inputs)
                 forward = tracker.peak + batch
                 loss = task.loss_sum(outputs, targets)
-            for out in _tensors(outputs):
+            for out in tensors_in(outputs):
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
             backward = in_model = recompute = 0
             recompute_grads = 0.0
@@ -171,7 +171,7 @@ def measure_activations(
 
                 hooks += [
                     out.register_hook(reached_model)
-                    for out in _tensors(outputs)
+                    for out in tensors_in(outputs)
                     if out.requires_grad
                 ]
                 loss.backward()
@@ -195,7 +195,7 @@ def measure_activations(
 def _keep_inputs(args: Any, saved: dict[Any, int], owned: set[Any]) -> None:
     from torch.multiprocessing.reductions import StorageWeakRef
 
-    for tensor in _tensors(args):
+    for tensor in tensors_in(args):
         ref = StorageWeakRef(tensor.untyped_storage())
         if ref not in owned:
             saved[ref] = tensor.untyped_storage().nbytes()
@@ -219,13 +219,14 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     return value
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (a tensor, or dicts, lists and tuples of them)."""
     if isinstance(value, torch.Tensor):
         return [value]
     if isinstance(value, dict):
-        return [t for item in value.values() for t in _tensors(item)]
+        return [t for item in value.values() for t in tensors_in(item)]
     if isinstance(value, (list, tuple)):
-        return [t for item in value for t in _tensors(item)]
+        return [t for item in value for t in tensors_in(item)]
     return []
 
 
