@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import ray._private.ray_constants as ray_constants
 from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
     ResourceRequestPriority,
 )
@@ -110,7 +111,8 @@ class ConvoyTorchTrainer(TorchTrainer):
         self._prometheus = prometheus
         self._private_ray = private_ray
         self._sole_run = sole_run
-        self._preemption_watcher = env_flag(
+        # Read as Ray Train's controller reads it (``1`` / ``true``).
+        self._preemption_watcher = ray_constants.env_bool(
             ENABLE_PREEMPTION_WATCHER_ENV_VAR,
             DEFAULT_ENABLE_PREEMPTION_WATCHER and not private_ray,
         )
@@ -166,14 +168,6 @@ def set_env(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = was
-
-
-def env_flag(name: str, default: bool) -> bool:
-    """A boolean environment variable as Ray reads them (``1`` / ``true``), else ``default``."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    return value.strip().lower() in ("1", "true", "yes")
 
 
 class DeferredPreemptionCallback(PreemptionCallback):
