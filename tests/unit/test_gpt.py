@@ -60,7 +60,8 @@ def test_init_is_gpt2s() -> None:
     model = GPT(vocab_size=512, context_length=64, depth=depth, heads=4, hidden=256)
     block = model.blocks[0]
     assert model.token_embed.weight.std().item() == pytest.approx(0.02, rel=0.05)
-    assert block.attn.qkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.attn.q.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert block.attn.v.weight.std().item() == pytest.approx(0.02, rel=0.05)
     residual_std = 0.02 / math.sqrt(2 * depth)
     assert block.attn.proj.weight.std().item() == pytest.approx(residual_std, rel=0.05)
     assert block.mlp[-1].weight.std().item() == pytest.approx(residual_std, rel=0.05)

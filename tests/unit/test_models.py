@@ -12,6 +12,7 @@ import pytest
 import torch
 from torch import nn
 
+import convoy.models.attention as attention_module
 import convoy.models.vit as vit_module
 from convoy.errors import ConfigError
 from convoy.models import MODELS, build_model, count_parameters
@@ -49,9 +50,11 @@ def test_course_vit_has_torchvisions_init(course_vit: nn.Module) -> None:
     assert (patch.bias == 0).all()
     block = course_vit.blocks[0]
     bound = (6 / (384 + 3 * 384)) ** 0.5  # Xavier over MultiheadAttention's fused in_proj
-    assert block.attn.qkv.weight.abs().max().item() <= bound
-    assert block.attn.qkv.weight.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)
-    assert (block.attn.qkv.bias == 0).all() and (block.attn.proj.bias == 0).all()
+    qkv = torch.cat([block.attn.q.weight, block.attn.k.weight, block.attn.v.weight])
+    assert qkv.abs().max().item() <= bound
+    assert qkv.std().item() == pytest.approx(bound / 3**0.5, rel=0.05)
+    assert all((linear.bias == 0).all() for linear in block.attn.qkv_projections())
+    assert (block.attn.proj.bias == 0).all()
     assert block.attn.proj.weight.abs().max().item() <= 1 / 384**0.5  # nn.Linear's default
     fc1, fc2 = block.mlp[0], block.mlp[2]
     assert fc1.weight.std().item() == pytest.approx((2 / (384 + 768)) ** 0.5, rel=0.05)
@@ -188,14 +191,14 @@ def test_tabular_mlp_blocks_and_gradients() -> None:
 
 
 def test_attention_uses_scaled_dot_product_attention(monkeypatch: pytest.MonkeyPatch) -> None:
-    real = vit_module.F.scaled_dot_product_attention
+    real = attention_module.F.scaled_dot_product_attention
     calls: list[tuple[int, ...]] = []
 
     def counting(q: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
         calls.append(tuple(q.shape))
         return real(q, *args, **kwargs)
 
-    monkeypatch.setattr(vit_module.F, "scaled_dot_product_attention", counting)
+    monkeypatch.setattr(attention_module.F, "scaled_dot_product_attention", counting)
     model = build_model("vit_tiny", {"depth": 3}, DIGITS_SHAPE)
     model(torch.randn(2, 1, 8, 8))
     # batch, heads, tokens (16 patches + cls), head_dim (64 / 4)

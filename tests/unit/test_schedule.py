@@ -69,7 +69,7 @@ def test_peak_lr_scales_linearly_with_global_batch() -> None:
         ("blocks.0.norm1.weight", "blocks.0.norm1.weight"),
         ("module.head.bias", "head.bias"),
         ("_orig_mod.head.bias", "head.bias"),
-        ("blocks.0._fsdp_wrapped_module.attn.qkv.weight", "blocks.0.attn.qkv.weight"),
+        ("blocks.0._fsdp_wrapped_module.attn.q.weight", "blocks.0.attn.q.weight"),
         ("module.blocks.1._fsdp_wrapped_module.norm2.bias", "blocks.1.norm2.bias"),
         ("submodule.bias", "submodule.bias"),  # only whole path components are stripped
         ("_orig_mod.module.head.bias", "head.bias"),
@@ -130,8 +130,8 @@ def test_params_under_2d_get_no_weight_decay(outer: tuple[str, ...] | None, opti
 
 def test_no_decay_names_are_biases_and_norms() -> None:
     names = no_decay_names(build_model("vit_tiny", {"depth": 1}, DIGITS_SHAPE))
-    assert {"head.bias", "norm.weight", "blocks.0.norm1.bias", "blocks.0.attn.qkv.bias"} <= names
-    assert not names & {"head.weight", "blocks.0.attn.qkv.weight", "pos_embed", "cls_token"}
+    assert {"head.bias", "norm.weight", "blocks.0.norm1.bias", "blocks.0.attn.k.bias"} <= names
+    assert not names & {"head.weight", "blocks.0.attn.k.weight", "pos_embed", "cls_token"}
 
 
 @pytest.mark.parametrize(

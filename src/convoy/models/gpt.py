@@ -16,30 +16,12 @@ import functools
 import math
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from convoy.models.attention import SelfAttention
 
 INIT_STD = 0.02
 """GPT-2's standard deviation for every weight matrix and embedding."""
-
-
-class CausalSelfAttention(nn.Module):
-    def __init__(self, hidden: int, heads: int, dropout: float) -> None:
-        super().__init__()
-        if hidden % heads:
-            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-        self.heads = heads
-        self.dropout = dropout
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, hidden = x.shape
-        qkv = self.qkv(x).view(batch, tokens, 3, self.heads, hidden // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each: batch, heads, tokens, head_dim
-        dropout = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        return self.proj(out.transpose(1, 2).reshape(batch, tokens, hidden))
 
 
 class GPTBlock(nn.Module):
@@ -47,7 +29,7 @@ class GPTBlock(nn.Module):
         super().__init__()
         mlp = round(hidden * mlp_ratio)
         self.norm1 = nn.LayerNorm(hidden)
-        self.attn = CausalSelfAttention(hidden, heads, dropout)
+        self.attn = SelfAttention(hidden, heads, dropout, causal=True)
         self.norm2 = nn.LayerNorm(hidden)
         self.mlp = nn.Sequential(nn.Linear(hidden, mlp), nn.GELU(), nn.Linear(mlp, hidden))
         self.drop = nn.Dropout(dropout)
@@ -96,8 +78,12 @@ class GPT(nn.Module):
         self._init_weights(depth)
 
     def _init_weights(self, depth: int) -> None:
+        fused: set[nn.Module] = set()
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, SelfAttention):
+                module.init_qkv_(functools.partial(nn.init.normal_, std=INIT_STD))
+                fused.update(module.qkv_projections())
+            elif isinstance(module, nn.Linear) and module not in fused:
                 nn.init.normal_(module.weight, std=INIT_STD)
                 if module.bias is not None:
                     nn.init.zeros_(module.bias)

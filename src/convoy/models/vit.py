@@ -4,8 +4,8 @@ Pre-norm blocks (LayerNorm -> attention -> residual, LayerNorm -> MLP -> residua
 token and learned position embeddings. ``blocks`` is an ``nn.ModuleList`` of ``ViTBlock`` so
 sharding strategies can wrap each block (FSDP1 auto-wrap, FSDP2 ``fully_shard``).
 
-The architecture is torchvision's ``VisionTransformer`` (the fused ``qkv`` projection holds
-``nn.MultiheadAttention``'s ``in_proj`` in the same layout), and two initialisations are
+The architecture is torchvision's ``VisionTransformer`` (``nn.MultiheadAttention``'s fused
+``in_proj`` loads as the ``q``, ``k``, ``v`` projections, ``convoy.models.attention``), and two initialisations are
 offered. Initialisation matters early on: with the same optimizer and data, the course ViT
 reaches far higher validation accuracy in its first tens of steps with torchvision's scheme
 (zero-initialised head, LayerNorm eps 1e-6) than with the truncated-normal one; see
@@ -24,45 +24,20 @@ import math
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from convoy.models.attention import SelfAttention
 
 InitScheme = Literal["torchvision", "trunc_normal"]
 INIT_SCHEMES: tuple[InitScheme, ...] = ("torchvision", "trunc_normal")
 TORCHVISION_NORM_EPS = 1e-6
 
 
-class Attention(nn.Module):
-    def __init__(self, hidden: int, heads: int) -> None:
-        super().__init__()
-        if hidden % heads:
-            raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")
-        self.heads = heads
-        self.qkv = nn.Linear(hidden, 3 * hidden)
-        self.proj = nn.Linear(hidden, hidden)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, tokens, hidden = x.shape
-        qkv = self.qkv(x).view(batch, tokens, 3, self.heads, hidden // self.heads)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # each: batch, heads, tokens, head_dim
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(batch, tokens, hidden))
-
-    def init_torchvision(self) -> None:
-        """``nn.MultiheadAttention``'s own init, which torchvision leaves as it is."""
-        # Xavier over the fused (3 x hidden, hidden) matrix, as MultiheadAttention does for its
-        # in_proj_weight: a smaller bound than Xavier on each of q, k and v separately.
-        nn.init.xavier_uniform_(self.qkv.weight)
-        nn.init.zeros_(self.qkv.bias)
-        self.proj.reset_parameters()  # out_proj keeps nn.Linear's default weight init
-        nn.init.zeros_(self.proj.bias)
-
-
 class ViTBlock(nn.Module):
     def __init__(self, hidden: int, heads: int, mlp: int, norm_eps: float = 1e-5) -> None:
         super().__init__()
         self.norm1 = nn.LayerNorm(hidden, eps=norm_eps)
-        self.attn = Attention(hidden, heads)
+        self.attn = SelfAttention(hidden, heads)
         self.norm2 = nn.LayerNorm(hidden, eps=norm_eps)
         self.mlp = nn.Sequential(nn.Linear(hidden, mlp), nn.GELU(), nn.Linear(mlp, hidden))
 
@@ -71,8 +46,13 @@ class ViTBlock(nn.Module):
         return x + self.mlp(self.norm2(x))
 
     def init_torchvision(self) -> None:
-        """torchvision's ``EncoderBlock``: attention as above, MLP Xavier with ~zero biases."""
-        self.attn.init_torchvision()
+        """torchvision's ``EncoderBlock``: ``nn.MultiheadAttention``'s own init, which
+        torchvision leaves as it is, and the MLP Xavier with ~zero biases."""
+        # Xavier over the fused (3 x hidden, hidden) in_proj, as MultiheadAttention draws it: a
+        # smaller bound than Xavier on each of q, k and v separately.
+        self.attn.init_qkv_(nn.init.xavier_uniform_)
+        self.attn.proj.reset_parameters()  # out_proj keeps nn.Linear's default weight init
+        nn.init.zeros_(self.attn.proj.bias)
         for module in self.mlp:
             if isinstance(module, nn.Linear):
                 nn.init.xavier_uniform_(module.weight)
@@ -137,8 +117,12 @@ class ViT(nn.Module):
     def _init_trunc_normal(self) -> None:
         nn.init.trunc_normal_(self.pos_embed, std=0.02)
         nn.init.trunc_normal_(self.cls_token, std=0.02)
+        fused: set[nn.Module] = set()
         for module in self.modules():
-            if isinstance(module, nn.Linear):
+            if isinstance(module, SelfAttention):
+                module.init_qkv_(functools.partial(nn.init.trunc_normal_, std=0.02))
+                fused.update(module.qkv_projections())
+            elif isinstance(module, nn.Linear) and module not in fused:
                 nn.init.trunc_normal_(module.weight, std=0.02)
                 nn.init.zeros_(module.bias)
 
