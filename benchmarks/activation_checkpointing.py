@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from convoy.config import Job, load_job
+from convoy.config import DataParallelRank, Job, load_job
 from convoy.engine.amp import Precision
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.step import StepParts, train_step
@@ -89,7 +89,7 @@ def step_seconds(job: Job, steps: int) -> list[float]:
     times = []
     for _ in range(steps + 2):
         start = time.perf_counter()
-        train_step(parts, batch, 1, job.optim.grad_clip_norm)
+        train_step(parts, batch, DataParallelRank(0, 1, counts=True), job.optim.grad_clip_norm)
         times.append(time.perf_counter() - start)
     return times[2:]
 

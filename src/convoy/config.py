@@ -14,6 +14,7 @@ from __future__ import annotations
 import difflib
 import math
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal, get_args
 
@@ -193,6 +194,19 @@ class OptimConfig(Section):
         return {key: getattr(self, key) for key in TORCH_DEFAULTS[self.name]}
 
 
+@dataclass(frozen=True)
+class DataParallelRank:
+    """A rank's place in the data-parallel split of each global batch."""
+
+    index: int
+    """Which share of each global batch it reads."""
+    size: int
+    """How many shares each global batch is cut into."""
+    counts: bool
+    """Whether its losses and metrics count: ranks that read the same share (one
+    tensor-parallel group) count it once, on the first of them."""
+
+
 class StrategySection(Section):
     """Base of each strategy's config section. The strategy's class (``convoy.strategies``)
     carries the rest of what is known about it."""
@@ -205,6 +219,15 @@ class StrategySection(Section):
     def check_layout(self, world_sizes: list[int], workers_per_node: int | None) -> None:
         """Refuse (``ConfigError``) a layout the strategy cannot take at any of the run's
         world sizes; ``workers_per_node`` None where only the cluster decides it (Ray)."""
+
+    def data_parallel_size(self, world_size: int) -> int:
+        """How many shares each global batch is cut into on ``world_size`` ranks: one per rank,
+        except where ranks of a tensor-parallel group read the same share."""
+        return world_size
+
+    def data_parallel_rank(self, rank: int, world_size: int) -> DataParallelRank:
+        """Which share of each global batch ``rank`` reads, and whether it counts it."""
+        return DataParallelRank(rank, world_size, counts=True)
 
     activation_checkpointing: Literal["none", "full", "every_n"] = "none"
     """Recompute blocks' activations in backward instead of keeping them (the model's
@@ -239,6 +262,29 @@ class FSDP2StrategyConfig(StrategySection):
     cpu_offload: bool = False
     reduce_dtype: Literal["fp32", "bf16"] = "fp32"
     """Dtype of the gradient reduce-scatter; params use the job's precision."""
+    tp_size: Annotated[int, Field(gt=0)] = 1
+    """Ranks that split each layer's matrices (tensor parallelism, the inner dimension of a
+    data-parallel x tensor-parallel mesh: consecutive ranks, so one node's); they read the
+    same batch. 1: none. The model states its plan (``tensor_parallel_plan``)."""
+
+    def check_layout(self, world_sizes: list[int], workers_per_node: int | None) -> None:
+        for world in world_sizes:
+            if world % self.tp_size:
+                raise ConfigError(
+                    "strategy.tp_size",
+                    self.tp_size,
+                    f"must divide the world size {world} (data-parallel x tensor-parallel ranks)",
+                )
+
+    def data_parallel_size(self, world_size: int) -> int:
+        return world_size // self.tp_size
+
+    def data_parallel_rank(self, rank: int, world_size: int) -> DataParallelRank:
+        # Tensor-parallel groups are consecutive ranks (the mesh's inner dimension); the
+        # first rank of each counts its group's losses and metrics, once.
+        return DataParallelRank(
+            rank // self.tp_size, world_size // self.tp_size, counts=rank % self.tp_size == 0
+        )
 
 
 class HSDPStrategyConfig(FSDP2StrategyConfig):
@@ -249,25 +295,36 @@ class HSDPStrategyConfig(FSDP2StrategyConfig):
     node, so all-gathers stay inside a node and only the all-reduce crosses the network."""
 
     def check_layout(self, world_sizes: list[int], workers_per_node: int | None) -> None:
-        shard = self.shard_size or workers_per_node
+        super().check_layout(world_sizes, workers_per_node)
+        shard = self.default_shard_size(workers_per_node)
         if shard is None:
             return  # the workers of one node, as the cluster places them: checked at start
         field, value = (
             ("strategy.shard_size", shard) if self.shard_size else ("strategy.name", self.name)
         )
-        for world in world_sizes:
+        for world in map(self.data_parallel_size, world_sizes):
+            workers = "data-parallel ranks" if self.tp_size > 1 else "workers"
             if world % shard:
                 raise ConfigError(
-                    field, value, f"shard size {shard} must divide the world size {world}"
+                    field, value, f"shard size {shard} must divide the {world} {workers}"
                 )
             if world == shard:
                 raise ConfigError(
                     field,
                     value,
-                    f"hsdp with shard size {shard} on {world} workers is one replica, which is "
-                    "fsdp2; use strategy.name=fsdp2, or a strategy.shard_size that splits the "
-                    "workers into 2 or more replicas",
+                    f"hsdp with shard size {shard} on {world} {workers} is one replica, which "
+                    "is fsdp2; use strategy.name=fsdp2, or a strategy.shard_size that splits "
+                    f"the {workers} into 2 or more replicas",
                 )
+
+    def default_shard_size(self, workers_per_node: int | None) -> int | None:
+        """``shard_size``, else one node's data-parallel ranks (None where the cluster's
+        placement decides the workers of a node)."""
+        if self.shard_size is not None:
+            return self.shard_size
+        if workers_per_node is None:
+            return None
+        return max(1, workers_per_node // self.tp_size)
 
 
 StrategyConfig = Annotated[
@@ -743,12 +800,13 @@ def micro_batch(job: Job, world_size: int) -> int:
     Raises ``ConfigError`` where the global batch does not split: an elastic launcher may
     start fewer workers than the config names, and a plan may ask about any world size."""
     accum = job.optim.grad_accum_steps
-    rows = split_batch(job.data.batch_size, world_size, accum)
+    shares = job.strategy.data_parallel_size(world_size)
+    rows = split_batch(job.data.batch_size, shares, accum)
     if rows is None:
         raise ConfigError(
             "data.batch_size",
             job.data.batch_size,
-            f"must divide by world size x optim.grad_accum_steps = {world_size} x {accum}",
+            f"must divide by data-parallel ranks x optim.grad_accum_steps = {shares} x {accum}",
         )
     return rows
 
@@ -756,16 +814,21 @@ def micro_batch(job: Job, world_size: int) -> int:
 def check_batch_split(job: Job) -> None:
     """The global batch must split evenly over workers x accumulation at every world size the
     run may have (``world_sizes``), so a step's batch never changes."""
-    sizes = world_sizes(job.scaling)
+    sizes = [job.strategy.data_parallel_size(n) for n in world_sizes(job.scaling)]
     accum, batch = job.optim.grad_accum_steps, job.data.batch_size
     uneven = [n for n in sizes if split_batch(batch, n, accum) is None]
     if not uneven:
         return
     if not job.scaling.elastic:
+        ranks = (
+            "scaling.num_workers / strategy.tp_size"
+            if job.strategy.data_parallel_size(job.scaling.max_workers) < job.scaling.max_workers
+            else "scaling.num_workers"
+        )
         raise ConfigError(
             "data.batch_size",
             batch,
-            f"the global batch must be divisible by scaling.num_workers x "
+            f"the global batch must be divisible by {ranks} x "
             f"optim.grad_accum_steps = {uneven[0]} x {accum} = {uneven[0] * accum}",
         )
     fits = math.lcm(*(n * accum for n in sizes))
@@ -843,6 +906,14 @@ def check_job(job: Job) -> None:
             job.scaling.worker_bounds,
             "data.loader ray_data cuts the eval splits per rank when the run starts, so it "
             "needs a fixed worker count; use data.loader: torch for an elastic run",
+        )
+    if job.data.loader == "ray_data" and job.strategy.data_parallel_size(workers) < workers:
+        raise ConfigError(
+            "data.loader",
+            "ray_data",
+            f"Ray Data streams each worker its own share of a batch, while the ranks of a "
+            f"tensor-parallel group (strategy.tp_size {getattr(job.strategy, 'tp_size', 1)}) "
+            "must read the same one; use data.loader: torch with tensor parallelism",
         )
     if job.data.loader == "ray_data" and job.scaling.launcher != "ray":
         raise ConfigError(

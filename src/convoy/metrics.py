@@ -9,6 +9,7 @@ single-process one to rounding.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import torch
@@ -106,8 +107,12 @@ class MetricsManager:
         shape: dict[str, int],
         device: torch.device,
         meta: dict[str, Any] | None = None,
+        counts: bool = True,
     ) -> None:
         self.task = task
+        self.counts = counts
+        """False on a rank whose samples another rank counts (the ranks of a tensor-parallel
+        group read the same ones): it keeps empty states, and still takes part in the sync."""
         self.splits = {s: SplitMetrics(task, shape, meta or {}, device) for s in self.SPLITS}
 
     def update(
@@ -122,6 +127,8 @@ class MetricsManager:
 
         ``loss_sum`` and ``count`` are the task's, computed here when the caller has not.
         """
+        if not self.counts:
+            return
         if loss_sum is None:
             loss_sum = self.task.loss_sum(outputs, targets)
         if count is None:
@@ -130,4 +137,8 @@ class MetricsManager:
 
     def compute(self, split: str) -> dict[str, float]:
         """Reduce over all ranks and return ``{"<split>/<metric>": value}``; then reset."""
-        return {f"{split}/{k}": v for k, v in self.splits[split].compute().items()}
+        with warnings.catch_warnings():
+            if not self.counts:  # torchmetrics warns of a compute without an update
+                warnings.filterwarnings("ignore", "The ``compute`` method of metric")
+            values = self.splits[split].compute()
+        return {f"{split}/{k}": v for k, v in values.items()}

@@ -100,6 +100,23 @@ def test_hsdp_two_by_two_matches_single(
     )
 
 
+def test_fsdp2_with_tensor_parallel_matches_single(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """fsdp2 over 2 data-parallel ranks x tp 2 (each block's heads and MLP split over a pair
+    that reads the same batch) == single; evaluation counts every sample once."""
+    expected, single_summary = reference
+    job = parity_job(tmp_path, "fsdp2", 4, ["strategy.tp_size=2"])
+    summaries = run_on_gloo(train_on_rank, 4, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+    assert all(summary["metrics"] == summaries[0]["metrics"] for summary in summaries)
+    single = single_summary["metrics"]
+    for key in ("train/samples", "val/samples", "test/samples"):
+        assert summaries[0]["metrics"][key] == single[key]
+    for key in ("val/acc", "test/acc", "test/loss"):
+        assert summaries[0]["metrics"][key] == pytest.approx(single[key], rel=1e-4)
+
+
 def test_accumulation_matches_one_big_batch(
     reference: tuple[list[float], dict], tmp_path: Path
 ) -> None:

@@ -145,6 +145,21 @@ def test_lm_losses_match_single_under_hsdp(
     assert step_losses(job) == pytest.approx(expected, rel=1e-5)
 
 
+def test_lm_losses_match_single_under_tensor_parallel(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """Ragged token counts, 2 data-parallel ranks x tp 2: each pair counts its tokens once."""
+    expected, single_summary = reference
+    job = lm_job(tmp_path, "fsdp2", 4, ["strategy.tp_size=2"])
+    summaries = run_on_gloo(train_on_rank, 4, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+    single = single_summary["metrics"]
+    for key in ("train/tokens", "val/tokens", "test/tokens", "test/samples"):
+        assert summaries[0]["metrics"][key] == single[key]
+    for key in ("val/loss", "test/loss"):
+        assert summaries[0]["metrics"][key] == pytest.approx(single[key], rel=1e-5)
+
+
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp", "fsdp2"])
 def test_lm_losses_match_single(
     strategy: str, reference: tuple[list[float], dict], tmp_path: Path

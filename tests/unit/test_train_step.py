@@ -12,11 +12,13 @@ import pytest
 import torch
 from torch import nn
 
-from convoy.config import load_job
+from convoy.config import DataParallelRank, load_job
 from convoy.engine.amp import Precision
 from convoy.engine.step import StepHooks, StepParts, train_step
 from convoy.strategies import build_strategy
 from convoy.tasks import build_task
+
+ONE_RANK = DataParallelRank(0, 1, counts=True)
 
 
 def _parts(lr: float = 0.1) -> StepParts:
@@ -63,7 +65,7 @@ def test_micro_batches_give_the_global_mean_gradient() -> None:
 
     parts, hooks = _parts(), _Recorder()
     halves = [(inputs[:3], targets[:3]), (inputs[3:], targets[3:])]
-    result = train_step(parts, halves, world_size=1, grad_clip_norm=None, hooks=hooks)
+    result = train_step(parts, halves, ONE_RANK, grad_clip_norm=None, hooks=hooks)
 
     assert hooks.events == [("forward", 0), ("done", 3), ("forward", 1), ("done", 3), "gradients"]
     for got, want in zip(hooks.grads, expected, strict=True):
@@ -81,7 +83,7 @@ def test_clipping_bounds_the_update() -> None:
     parts = _parts(lr=1.0)
     before = [p.detach().clone() for p in parts.model.parameters()]
     batch = (torch.randn(8, 4) * 100, torch.zeros(8, dtype=torch.long))
-    train_step(parts, [batch], world_size=1, grad_clip_norm=1e-3)
+    train_step(parts, [batch], ONE_RANK, grad_clip_norm=1e-3)
     moved = torch.cat(
         [(p.detach() - b).flatten() for p, b in zip(parts.model.parameters(), before, strict=True)]
     )

@@ -365,13 +365,14 @@ def _worker_data(job: Job, ctx: WorkerContext) -> WorkerData:
     """The launcher's prepared data (Ray Data shards), or DataLoaders built here."""
     if ctx.data is not None:
         return ctx.data
+    share = job.strategy.data_parallel_rank(ctx.rank, ctx.world_size)
     return torch_worker_data(
         load_splits(job.data),
         job.data.batch_size,
         micro_batch(job, ctx.world_size),  # elastic launchers may start fewer workers
         job.data.eval_batch_size,
-        ctx.world_size,
-        ctx.rank,
+        share.size,
+        share.index,
         seed=job.run.seed,
         num_workers=job.data.num_workers,
         device=ctx.device,
@@ -399,7 +400,13 @@ def _build_state(
         strategy=strategy,
         precision=Precision(dtype_from_name(job.precision), ctx.device, strategy),
         task=task,
-        metrics=MetricsManager(task, shape, ctx.device, data.meta),
+        metrics=MetricsManager(
+            task,
+            shape,
+            ctx.device,
+            data.meta,
+            counts=job.strategy.data_parallel_rank(ctx.rank, ctx.world_size).counts,
+        ),
     )
 
 
@@ -458,7 +465,8 @@ def _optimizer_step(
     device = state.strategy.device
     micro_batches = [(move_to(x, device), move_to(y, device)) for x, y in micro_batches]
     hooks = _LoopHooks(job, state)
-    result = train_step(state, micro_batches, state.world_size, job.optim.grad_clip_norm, hooks)
+    share = job.strategy.data_parallel_rank(state.rank, state.world_size)
+    result = train_step(state, micro_batches, share, job.optim.grad_clip_norm, hooks)
     return result.loss_sum, result.global_count, hooks.timer.seconds()
 
 

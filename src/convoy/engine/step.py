@@ -4,8 +4,10 @@ under torch's memory trackers (``convoy bench compare`` runs both).
 ``train_step`` takes this rank's micro-batches of one global batch (already on the device).
 Each one runs forward and the task's loss *sum* (``no_sync`` on all but the last, so the
 gradients are synchronized once), scaled by world size / the global batch's count, then
-backward: after the strategy averages over ranks, the gradient is the mean over every sample
-or token of the global batch, however it is split over ranks, micro-steps and padding. Then
+backward: after the strategy averages over the data-parallel ranks, the gradient is the mean
+over every sample or token of the global batch, however it is split over ranks, micro-steps
+and padding. Ranks of one tensor-parallel group read the same share; the first of them
+counts it. Then
 the gradients are unscaled and clipped if configured, the optimizer steps through the grad
 scaler, the gradients are dropped and the LR schedule steps.
 
@@ -23,6 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from convoy.config import DataParallelRank
 from convoy.distributed import all_reduce_sum
 from convoy.engine.amp import Precision
 from convoy.strategies import Strategy
@@ -60,7 +63,8 @@ class StepHooks:
 @dataclass(frozen=True)
 class StepResult:
     loss_sum: torch.Tensor
-    """This rank's loss sum over its micro-batches (detached)."""
+    """This rank's loss sum over its micro-batches (detached); zero on a rank whose share
+    another rank counts (``DataParallelRank.counts``), so a sum over ranks is exact."""
     global_count: torch.Tensor
     """What the loss is summed over in the whole global batch (every rank's samples or
     tokens)."""
@@ -69,16 +73,18 @@ class StepResult:
 def train_step(
     parts: StepParts,
     micro_batches: list[tuple[Any, Any]],
-    world_size: int,
+    share: DataParallelRank,
     grad_clip_norm: float | None,
     hooks: StepHooks | None = None,
 ) -> StepResult:
-    """One optimizer step over ``micro_batches`` (see the module docstring)."""
+    """One optimizer step over ``micro_batches``, this rank's part of the share ``share`` of
+    the global batch (see the module docstring)."""
     hooks = hooks or StepHooks()
     model, precision, task = parts.model, parts.precision, parts.task
     counts = [task.count(targets) for _, targets in micro_batches]
-    count = global_count(task, counts, world_size)
-    scale = world_size / count
+    count = global_count(task, counts, share)
+    # The strategy averages gradients over the data-parallel ranks (the shares).
+    scale = share.size / count
     total = torch.zeros((), device=parts.strategy.device)
     for i, (inputs, targets) in enumerate(micro_batches):
         last = i == len(micro_batches) - 1
@@ -91,7 +97,7 @@ def train_step(
         total += loss_sum.detach()
     hooks.gradients_ready(model)
     _optimizer_step(parts, grad_clip_norm)
-    return StepResult(total, count)
+    return StepResult(total if share.counts else torch.zeros_like(total), count)
 
 
 def _optimizer_step(parts: StepParts, grad_clip_norm: float | None) -> None:
@@ -106,10 +112,12 @@ def _optimizer_step(parts: StepParts, grad_clip_norm: float | None) -> None:
     parts.scheduler.step()
 
 
-def global_count(task: Task, counts: list[torch.Tensor], world_size: int) -> torch.Tensor:
-    """The count of the whole global batch: every rank's micro-batches, summed."""
+def global_count(task: Task, counts: list[torch.Tensor], share: DataParallelRank) -> torch.Tensor:
+    """The count of the whole global batch: every share's micro-batches, summed (each share
+    once, however many ranks read it)."""
     local = torch.stack(counts).sum().double()
-    if task.fixed_count:  # every rank holds the same batch shape: no communication needed
-        return local * world_size
+    if task.fixed_count:  # every share has the same batch shape: no communication needed
+        return local * share.size
+    counted = local if share.counts else torch.zeros_like(local)
     # At least 1: a global batch of padding only gives zero loss and zero gradients, not NaN.
-    return all_reduce_sum(local).clamp_min(1)
+    return all_reduce_sum(counted).clamp_min(1)

@@ -30,9 +30,7 @@ class SelfAttention(nn.Module):
     """``x`` (batch, tokens, hidden) -> (batch, tokens, hidden) over ``heads`` heads, with
     ``F.scaled_dot_product_attention`` (a fused kernel where PyTorch has one)."""
 
-    def __init__(
-        self, hidden: int, heads: int, dropout: float = 0.0, causal: bool = False
-    ) -> None:
+    def __init__(self, hidden: int, heads: int, dropout: float = 0.0, causal: bool = False) -> None:
         super().__init__()
         if hidden % heads:
             raise ValueError(f"hidden ({hidden}) must be divisible by heads ({heads})")

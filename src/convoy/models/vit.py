@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import nn
 
 from convoy.models.attention import SelfAttention
+from convoy.models.tensor_parallel import pre_norm_block_plan
 
 InitScheme = Literal["torchvision", "trunc_normal"]
 INIT_SCHEMES: tuple[InitScheme, ...] = ("torchvision", "trunc_normal")
@@ -132,6 +133,11 @@ class ViT(nn.Module):
         for block in self.blocks:
             x = block(x)
         return self.head(self.norm(x[:, 0]))
+
+    def tensor_parallel_plan(self, tp_size: int) -> dict[str, Any]:
+        """Megatron's split of each block over ``tp_size`` ranks
+        (``convoy.models.tensor_parallel``)."""
+        return pre_norm_block_plan(self.blocks, tp_size)
 
 
 # Registered presets: ``functools.partial`` keeps ViT's signature, so the registry can check a

@@ -254,7 +254,8 @@ class _Measure(StepHooks):
 
 def _run_step(job: Job, parts: StepParts, batches: list[tuple[Any, Any]], hooks: StepHooks) -> None:
     """One optimizer step of rank 0 as the loop takes it (``train_step``)."""
-    train_step(parts, batches, job.scaling.max_workers, job.optim.grad_clip_norm, hooks)
+    share = job.strategy.data_parallel_rank(0, job.scaling.max_workers)
+    train_step(parts, batches, share, job.optim.grad_clip_norm, hooks)
 
 
 def _measure_model_state(parts: StepParts, state: dict[str, int]) -> None:

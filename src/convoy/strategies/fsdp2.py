@@ -35,6 +35,9 @@ from convoy.strategies.base import (
     dtype_from_name,
     transformer_blocks,
 )
+from convoy.strategies.tensor_parallel import apply_tensor_parallel
+
+SHARD, TP = "shard", "tp"
 
 
 class FSDP2Strategy(Strategy):
@@ -67,24 +70,46 @@ class FSDP2Strategy(Strategy):
             param_dtype=param_dtype, reduce_dtype=dtype_from_name(self.cfg.reduce_dtype)
         )
 
+    def data_parallel_layout(self, ranks: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        """The shape and dimension names of the mesh FSDP2 shards over, on ``ranks``
+        data-parallel ranks: all of them, in one dimension."""
+        return (ranks,), (SHARD,)
+
+    def meshes(self) -> tuple[DeviceMesh, DeviceMesh | None]:
+        """The data-parallel mesh FSDP2 shards over and, with ``tp_size`` > 1, the
+        tensor-parallel one: the inner dimension of a single mesh, so a group is consecutive
+        ranks (one node's, where TP's per-layer all-reduces belong)."""
+        world, tp = dist.get_world_size(), self.cfg.tp_size
+        shape, names = self.data_parallel_layout(world // tp)
+        if tp == 1:
+            return init_device_mesh(self.device.type, shape, mesh_dim_names=names), None
+        mesh = init_device_mesh(self.device.type, (*shape, tp), mesh_dim_names=(*names, TP))
+        # A flattened view of every rank lets DTensor reduce a norm over both dimensions in
+        # one all-reduce (clipping), instead of one per dimension.
+        mesh._flatten()
+        return mesh[names], mesh[TP]
+
     def device_mesh(self) -> DeviceMesh:
-        """The mesh the parameters are sharded over: every rank, in one dimension."""
-        return init_device_mesh(self.device.type, (dist.get_world_size(),))
+        """The mesh the parameters are sharded over (data parallel)."""
+        return self.meshes()[0]
 
     def wrap(self, model: nn.Module) -> nn.Module:
         # Pinned host memory needs an accelerator; on a CPU-only run plain memory is right.
         pin = self.device.type == "cuda"
         offload = CPUOffloadPolicy(pin_memory=pin) if self.cfg.cpu_offload else OffloadPolicy()
-        options = {
-            # On the strategy's device: the default mesh is the machine's accelerator even
-            # where the run is on CPU (scaling.use_gpu=false), and would move the model there.
-            "mesh": self.device_mesh(),
+        # Meshes on the strategy's device: the default mesh is the machine's accelerator even
+        # where the run is on CPU (scaling.use_gpu=false), and would move the model there.
+        options: dict[str, Any] = {
             "mp_policy": self.mixed_precision_policy(),
             "offload_policy": offload,
             "reshard_after_forward": self.cfg.reshard_after_forward,
         }
         if not self.cfg.cpu_offload:
             model = model.to(self.device)
+        data_parallel, tensor_parallel = self.meshes()
+        options["mesh"] = data_parallel
+        if tensor_parallel is not None:
+            apply_tensor_parallel(model, tensor_parallel)
         for block in transformer_blocks(model):
             fully_shard(block, **options)
         fully_shard(model, **options)

@@ -14,14 +14,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from convoy.config import HSDPStrategyConfig
 from convoy.errors import ConfigError
 from convoy.strategies.base import LightningCounterpart, Sharding
-from convoy.strategies.fsdp2 import FSDP2Strategy
+from convoy.strategies.fsdp2 import SHARD, FSDP2Strategy
 
-REPLICATE, SHARD = "replicate", "shard"
+REPLICATE = "replicate"
 
 
 class HSDPStrategy(FSDP2Strategy):
@@ -65,11 +64,8 @@ class HSDPStrategy(FSDP2Strategy):
         across = 2.0 * (replicas - 1) / replicas / shard
         return inside + across
 
-    def device_mesh(self) -> DeviceMesh:
-        world = dist.get_world_size()
-        shard = self.cfg.shard_size or self.local_world_size
+    def data_parallel_layout(self, ranks: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
+        shard = self.cfg.default_shard_size(self.local_world_size)
         # The config checked what it knew; under Ray the placement decides the default.
-        self.cfg.check_layout([world], shard)
-        return init_device_mesh(
-            self.device.type, (world // shard, shard), mesh_dim_names=(REPLICATE, SHARD)
-        )
+        self.cfg.check_layout([dist.get_world_size()], self.local_world_size)
+        return (ranks // shard, shard), (REPLICATE, SHARD)

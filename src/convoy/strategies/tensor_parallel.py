@@ -1,0 +1,130 @@
+"""Tensor parallelism for ``fsdp2`` / ``hsdp`` (``strategy.tp_size``): the model's own plan
+applied over the tensor-parallel dimension of the mesh, before FSDP2 shards over the rest.
+
+The plan (``model.tensor_parallel_plan(tp_size)``, see ``convoy.models.tensor_parallel``)
+splits some modules' matrices. Every other parameter is whole on each rank of the group, and
+becomes a replicated ``DTensor`` on the same mesh, as TorchTitan makes every parameter one:
+FSDP2 then shards all of them over one 2-D mesh, and gradient clipping and the optimizer's
+foreach kernels see a single mesh (they refuse to mix meshes). Their modules still compute on
+plain tensors: a forward pre-hook hands each module the local copy of its replicated
+parameters (``to_local``, whose backward takes the gradient as the replicated gradient it is:
+every rank of the group computed the same one).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+
+from convoy.errors import ConfigError
+
+PLAN_METHOD = "tensor_parallel_plan"
+
+
+def model_plan(model: nn.Module, tp_size: int) -> dict[str, Any]:
+    """``model``'s tensor-parallel plan for ``tp_size`` ranks, checked against its modules;
+    a ``ConfigError`` on ``strategy.tp_size`` where it has none or the sizes do not split."""
+    method = getattr(model, PLAN_METHOD, None)
+    name = type(model).__name__
+    if not callable(method):
+        raise ConfigError(
+            "strategy.tp_size",
+            tp_size,
+            f"{name} states no tensor-parallel plan; give it a method {PLAN_METHOD}(self, "
+            "tp_size) returning {module path: ColwiseParallel() or RowwiseParallel()} as "
+            "torch.distributed.tensor.parallel.parallelize_module takes it, or set "
+            "strategy.tp_size=1",
+        )
+    try:
+        plan = dict(method(tp_size))
+    except ValueError as exc:
+        raise ConfigError("strategy.tp_size", tp_size, f"{name}: {exc}") from None
+    check_plan(model, plan, tp_size)
+    return plan
+
+
+def check_plan(model: nn.Module, plan: dict[str, Any], tp_size: int) -> None:
+    """Every planned path names a module, and every linear it splits splits evenly."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    names = dict(model.named_modules())
+    for pattern, style in plan.items():
+        matched = [names[path] for path in fnmatch.filter(names, pattern) if path]
+        if not matched:
+            raise ConfigError(
+                "strategy.tp_size",
+                tp_size,
+                f"{type(model).__name__}'s tensor-parallel plan names {pattern!r}, which is "
+                "no module of the model",
+            )
+        for module in matched:
+            if not isinstance(module, nn.Linear):
+                continue
+            split = {ColwiseParallel: "out_features", RowwiseParallel: "in_features"}
+            field = next((f for kind, f in split.items() if type(style) is kind), None)
+            size = getattr(module, field) if field else 0
+            if size % tp_size:
+                raise ConfigError(
+                    "strategy.tp_size",
+                    tp_size,
+                    f"must divide {pattern}'s {field} ({size}), which the plan splits",
+                )
+
+
+def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
+    """Split ``model`` by its plan over ``mesh`` (the tensor-parallel dimension) and make its
+    other parameters replicated ``DTensor``s there; in place."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    parallelize_module(model, mesh, model_plan(model, mesh.size()))
+    replicate_the_rest(model, mesh)
+    return model
+
+
+def replicate_the_rest(model: nn.Module, mesh: DeviceMesh) -> None:
+    """Every parameter the plan left as a plain tensor becomes a replicated ``DTensor`` on
+    ``mesh`` (tied parameters stay one), and its module computes on the local copy."""
+    made: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        names = tuple(
+            name
+            for name, param in module._parameters.items()
+            if param is not None and not isinstance(param, DTensor)
+        )
+        for name in names:
+            param = module._parameters[name]
+            assert param is not None
+            if id(param) not in made:
+                replicated = distribute_tensor(param.data, mesh, [Replicate()])
+                made[id(param)] = nn.Parameter(replicated, requires_grad=param.requires_grad)
+            module._parameters[name] = made[id(param)]
+        if names:
+            local = _LocalParameters(names)
+            module.register_forward_pre_hook(local.enter)
+            module.register_forward_hook(local.leave)
+
+
+class _LocalParameters:
+    """Shows a module the local tensors of its replicated parameters during its forward.
+
+    An instance attribute shadows the module's registered parameter (``nn.Module`` looks in
+    ``_parameters`` only when normal lookup fails); the forward hook removes it. FSDP2's own
+    pre-forward hook runs first (it is prepended), so the parameter seen is the unsharded one.
+    """
+
+    def __init__(self, names: tuple[str, ...]) -> None:
+        self.names = names
+
+    def enter(self, module: nn.Module, args: Any) -> None:
+        for name in self.names:
+            param = module._parameters[name]
+            assert isinstance(param, DTensor)
+            module.__dict__[name] = param.to_local()
+
+    def leave(self, module: nn.Module, args: Any, output: Any) -> None:
+        for name in self.names:
+            module.__dict__.pop(name, None)
