@@ -269,21 +269,24 @@ class FSDP2StrategyConfig(StrategySection):
 
     def check_layout(self, world_sizes: list[int], workers_per_node: int | None) -> None:
         for world in world_sizes:
-            if world % self.tp_size:
-                raise ConfigError(
-                    "strategy.tp_size",
-                    self.tp_size,
-                    f"must divide the world size {world} (data-parallel x tensor-parallel ranks)",
-                )
+            self.data_parallel_size(world)
 
     def data_parallel_size(self, world_size: int) -> int:
+        if world_size % self.tp_size:
+            raise ConfigError(
+                "strategy.tp_size",
+                self.tp_size,
+                f"must divide the world size {world_size} (data-parallel x tensor-parallel ranks)",
+            )
         return world_size // self.tp_size
 
     def data_parallel_rank(self, rank: int, world_size: int) -> DataParallelRank:
         # Tensor-parallel groups are consecutive ranks (the mesh's inner dimension); the
         # first rank of each counts its group's losses and metrics, once.
         return DataParallelRank(
-            rank // self.tp_size, world_size // self.tp_size, counts=rank % self.tp_size == 0
+            rank // self.tp_size,
+            self.data_parallel_size(world_size),
+            counts=rank % self.tp_size == 0,
         )
 
 

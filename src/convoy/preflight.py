@@ -277,6 +277,11 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
         )
     if job.strategy.activation_checkpointing != "none":
         model_blocks(model, job.strategy.activation_checkpointing)  # it has blocks to checkpoint
+    tp_size = getattr(job.strategy, "tp_size", 1)
+    if tp_size > 1:
+        from convoy.strategies.tensor_parallel import model_plan
+
+        model_plan(model, tp_size)  # it states a plan, and the plan splits evenly
     return model
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from convoy.config import load_job
+from convoy.config import load_job, micro_batch
 from convoy.errors import ConfigError
 from convoy.preflight import preflight
 
@@ -260,3 +260,77 @@ def test_best_mode_auto_follows_the_task() -> None:
         load_job(None, [*BASE, "checkpoint.best_metric=val/acc", "checkpoint.best_mode=min"])
     )
     assert job.checkpoint.best_mode == "min"  # an explicit choice stays
+
+
+def tensor_parallel(workers: int, tp: int) -> list[str]:
+    return [
+        "strategy.name=fsdp2",
+        f"strategy.tp_size={tp}",
+        "scaling.launcher=torchrun",
+        f"scaling.num_workers={workers}",
+        "data.batch_size=12",
+    ]
+
+
+def test_tensor_parallel_is_refused_before_any_worker(user_module: str) -> None:
+    gpt = [
+        "data.name=task_data_helpers:ragged_lm",
+        "task.name=language_modeling",
+        "model.name=gpt_tiny",
+        "model.kwargs.context_length=64",
+    ]
+    heads = check([*gpt, *tensor_parallel(3, 3)])
+    assert (
+        heads == "strategy.tp_size: got 3; GPT: the model's 4 attention heads do not split over 3"
+    )
+    width = check(
+        [
+            *gpt,
+            *tensor_parallel(3, 3),
+            "model.kwargs.heads=3",
+            "model.kwargs.hidden=96",
+            "model.kwargs.mlp_ratio=1.0417",
+        ]
+    )
+    assert width == "strategy.tp_size: got 3; GPT: the model's MLP width 100 does not split over 3"
+    data = f"data.name={user_module}:three_classes"
+    no_plan = check([data, f"model.name={user_module}:mlp_64", *tensor_parallel(2, 2)])
+    assert no_plan.startswith("strategy.tp_size: got 2; Sequential states no tensor-parallel plan")
+    assert "tensor_parallel_plan(self, tp_size)" in no_plan
+    # The same jobs without tensor parallelism pass.
+    preflight(load_job(None, [*BASE, *gpt]))
+    preflight(load_job(None, [*BASE, data, f"model.name={user_module}:mlp_64"]))
+
+
+@pytest.mark.parametrize(
+    ("overrides", "start"),
+    [
+        (tensor_parallel(4, 3), "strategy.tp_size: got 3; must divide the world size 4"),
+        (
+            tensor_parallel(4, 2)[:-1] + ["data.batch_size=5"],
+            "data.batch_size: got 5; the global batch must be divisible by scaling.num_workers / strategy.tp_size x optim.grad_accum_steps = 2 x 1",
+        ),
+        (
+            [*tensor_parallel(4, 2), "strategy.name=hsdp", "strategy.shard_size=2"],
+            "strategy.shard_size: got 2; hsdp with shard size 2 on 2 data-parallel ranks is one replica",
+        ),
+        (
+            [*tensor_parallel(4, 2), "scaling.launcher=ray", "data.loader=ray_data"],
+            "data.loader: got 'ray_data'; Ray Data streams each worker its own share",
+        ),
+    ],
+)
+def test_tensor_parallel_layouts_are_refused_by_the_config(
+    overrides: list[str], start: str
+) -> None:
+    with pytest.raises(ConfigError) as info:
+        load_job(None, BASE + overrides)
+    assert str(info.value).startswith(start), str(info.value)
+
+
+def test_a_tensor_parallel_group_shares_one_batch_split() -> None:
+    """6 samples do not split over 4 ranks, but do over 2 data-parallel pairs (tp 2)."""
+    job = load_job(None, BASE + [*tensor_parallel(4, 2)[:-1], "data.batch_size=6"])
+    assert micro_batch(job, 4) == 3
+    with pytest.raises(ConfigError, match="strategy.tp_size: got 2; must divide the world size 3"):
+        micro_batch(job, 3)
