@@ -60,19 +60,37 @@ def run(job: Job, workers: int) -> None:
         run_on_gloo(train_on_rank, workers, job)
 
 
-@pytest.mark.parametrize(("strategy", "workers"), [("single", 1), ("ddp", 2), ("fsdp2", 2)])
-def test_resume_is_bitwise_exact(strategy: str, workers: int, tmp_path: Path) -> None:
-    straight = resume_job(tmp_path, strategy, workers, "run.name=straight")
-    run(straight, workers)
+TENSOR_PARALLEL = ("strategy.tp_size=2",)
 
+
+@pytest.mark.parametrize(
+    ("strategy", "workers", "extra"),
+    [("single", 1, ()), ("ddp", 2, ()), ("fsdp2", 2, ()), ("fsdp2", 2, TENSOR_PARALLEL)],
+)
+def test_resume_is_bitwise_exact(
+    strategy: str, workers: int, extra: tuple[str, ...], tmp_path: Path
+) -> None:
+    straight = resume_job(tmp_path, strategy, workers, "run.name=straight", *extra)
+    run(straight, workers)
+    stopped = stop_after_step_7(tmp_path, strategy, workers, *extra)
+    run(stopped, workers)  # the same run name again: resumes from step 5
+    expected, resumed = final_model(straight, tmp_path), final_model(stopped, tmp_path)
+    assert expected.keys() == resumed.keys()
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, resumed[name]), name
+
+
+def stop_after_step_7(root: Path, strategy: str, workers: int, *extra: str) -> Job:
+    """Run ``run.name=stopped`` until a fault after step 7; step 5's checkpoint is the last."""
     stopped = resume_job(
-        tmp_path,
+        root,
         strategy,
         workers,
         "run.name=stopped",
         "fault.kind=raise",
         "fault.at_step=7",
         f"fault.rank={workers - 1}",
+        *extra,
     )
     # In-process the InjectedFault itself; spawned, the failed rank's exit.
     expected_error = InjectedFault if workers == 1 else ProcessException
@@ -80,12 +98,23 @@ def test_resume_is_bitwise_exact(strategy: str, workers: int, tmp_path: Path) ->
         run(stopped, workers)
     # Step 5 committed; the fault came after step 7, before the step-10 save.
     assert committed_checkpoints(stopped.run_dir) == ["step_00000005"]
+    return stopped
 
-    run(stopped, workers)  # the same run name again: resumes from step 5
-    expected, resumed = final_model(straight, tmp_path), final_model(stopped, tmp_path)
-    assert expected.keys() == resumed.keys()
+
+def test_fsdp2_checkpoint_resumes_under_tensor_parallel(tmp_path: Path) -> None:
+    """Saved by fsdp2 on 2 ranks (half of every parameter each), resumed with tp 2 on 2 ranks
+    (each block's heads and MLP split instead): DCP reshards every tensor, optimizer state
+    included, and training goes on as fsdp2's would. Not bitwise: a row-wise split sums each
+    output over two partial products, another order of float additions than one matmul."""
+    straight = resume_job(tmp_path, "fsdp2", 2, "run.name=straight")
+    run(straight, 2)
+    stop_after_step_7(tmp_path, "fsdp2", 2)
+    resumed = resume_job(tmp_path, "fsdp2", 2, "run.name=stopped", *TENSOR_PARALLEL)
+    run(resumed, 2)
+    expected, got = final_model(straight, tmp_path), final_model(resumed, tmp_path)
+    assert expected.keys() == got.keys()
     for name, tensor in expected.items():
-        assert torch.equal(tensor, resumed[name]), name
+        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
 
 
 def test_partial_checkpoint_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
