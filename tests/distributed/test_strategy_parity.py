@@ -117,6 +117,18 @@ def test_fsdp2_with_tensor_parallel_matches_single(
         assert summaries[0]["metrics"][key] == pytest.approx(single[key], rel=1e-4)
 
 
+def test_tensor_parallel_composes_with_compile_and_checkpointing(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """tp 2 on 2 ranks with each block compiled and checkpointed: the same losses."""
+    expected, _ = reference
+    blocks = ["run.compile=true", "strategy.activation_checkpointing=full"]
+    job = parity_job(tmp_path, "fsdp2", 2, ["strategy.tp_size=2", *blocks])
+    summaries = run_on_gloo(train_on_rank, 2, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+    assert summaries[0]["compile_seconds"] > 0
+
+
 def test_accumulation_matches_one_big_batch(
     reference: tuple[list[float], dict], tmp_path: Path
 ) -> None:

@@ -307,7 +307,7 @@ def test_tensor_parallel_is_refused_before_any_worker(user_module: str) -> None:
     [
         (tensor_parallel(4, 3), "strategy.tp_size: got 3; must divide the world size 4"),
         (
-            tensor_parallel(4, 2)[:-1] + ["data.batch_size=5"],
+            [*tensor_parallel(4, 2)[:-1], "data.batch_size=5"],
             "data.batch_size: got 5; the global batch must be divisible by scaling.num_workers / strategy.tp_size x optim.grad_accum_steps = 2 x 1",
         ),
         (
@@ -330,7 +330,9 @@ def test_tensor_parallel_layouts_are_refused_by_the_config(
 
 def test_a_tensor_parallel_group_shares_one_batch_split() -> None:
     """6 samples do not split over 4 ranks, but do over 2 data-parallel pairs (tp 2)."""
-    job = load_job(None, BASE + [*tensor_parallel(4, 2)[:-1], "data.batch_size=6"])
+    job = load_job(None, [*BASE, *tensor_parallel(4, 2)[:-1], "data.batch_size=6"])
     assert micro_batch(job, 4) == 3
-    with pytest.raises(ConfigError, match="strategy.tp_size: got 2; must divide the world size 3"):
+    with pytest.raises(
+        ConfigError, match=r"strategy\.tp_size: got 2; must divide the world size 3"
+    ):
         micro_batch(job, 3)

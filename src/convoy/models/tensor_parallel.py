@@ -5,8 +5,9 @@ path component) -> a ``torch.distributed.tensor.parallel`` style, as ``paralleli
 takes them. The plan here is Megatron's, as TorchTitan writes it: in each block the q, k and v
 projections and the MLP's first linear are split column-wise (each rank computes its own heads
 and its own hidden units), the attention output and the MLP's second linear row-wise (their
-partial sums are all-reduced into the residual stream). Everything else (embeddings, norms,
-the head) stays whole on every rank of the tensor-parallel group.
+partial sums are all-reduced into the residual stream). The blocks' norms stay whole on every
+rank (``ReplicateParallel``: traceable inside a compiled, checkpointed block), and so does
+everything outside the blocks (embeddings, the final norm, the head).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ def pre_norm_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[str, Any]:
     ``tp_size`` does not divide the heads or the MLP's width."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
+    from convoy.strategies.tensor_parallel import ReplicateParallel
+
     first = blocks[0]
     attn, mlp = first.attn, first.mlp
     assert isinstance(attn, SelfAttention)
@@ -34,10 +37,12 @@ def pre_norm_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[str, Any]:
     if width % tp_size:
         raise ValueError(f"the model's MLP width {width} does not split over {tp_size}")
     return {
+        "blocks.*.norm1": ReplicateParallel(),
         "blocks.*.attn.q": ColwiseParallel(),
         "blocks.*.attn.k": ColwiseParallel(),
         "blocks.*.attn.v": ColwiseParallel(),
         "blocks.*.attn.proj": RowwiseParallel(),
+        "blocks.*.norm2": ReplicateParallel(),
         "blocks.*.mlp.0": ColwiseParallel(),
         "blocks.*.mlp.2": RowwiseParallel(),
     }

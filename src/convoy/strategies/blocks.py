@@ -1,15 +1,18 @@
 """What is done to each of the model's blocks before a strategy shards it: activation
 checkpointing and ``torch.compile``.
 
-The order is TorchTitan's (checkpoint, then compile, then shard), and both work on each
-block's ``forward`` in place, so they compose with every strategy: DDP, FSDP and FSDP2 call
+Each block is compiled, then checkpointed, then sharded, and both work on each block's
+``forward`` in place, so they compose with every strategy: DDP, FSDP and FSDP2 call
 the block as before, their hooks stay outside the compiled graph, and the module tree and its
 state-dict keys do not change (a checkpoint saved with either loads without it, and back).
 
 Activation checkpointing keeps a checkpointed block's input and recomputes its activations
 in backward (``torch.utils.checkpoint``, non-reentrant, RNG state restored: the same math).
 ``torch.compile`` compiles each block's forward as one graph (``fullgraph``), as TorchTitan
-does per transformer block; a model without ``blocks`` is compiled whole.
+does per transformer block; a model without ``blocks`` is compiled whole. The checkpoint wraps
+the compiled block (TorchTitan compiles the checkpointed one): the recompute is the same whole
+block, and the compiler then never traces checkpointing's saved-tensor hooks, which in torch
+2.13 fail on tensor parallelism's ``DTensor`` conversions inside a block.
 """
 
 from __future__ import annotations
@@ -29,14 +32,14 @@ def prepare_blocks(model: nn.Module, strategy_cfg: Any, compile_blocks: bool) ->
     """Apply the strategy section's ``activation_checkpointing`` and ``run.compile`` to
     ``model``'s blocks, in place; returns ``model``."""
     mode = getattr(strategy_cfg, "activation_checkpointing", "none")
+    if compile_blocks:
+        for target in compiled_targets(model):
+            target.forward = torch.compile(target.forward, fullgraph=True)
     if mode != "none":
         every = 1 if mode == "full" else strategy_cfg.checkpoint_every
         for index, block in enumerate(model_blocks(model, mode)):
             if index % every == 0:
                 block.forward = checkpointed(block.forward)
-    if compile_blocks:
-        for target in compiled_targets(model):
-            target.forward = torch.compile(target.forward, fullgraph=True)
     return model
 
 

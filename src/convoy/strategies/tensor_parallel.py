@@ -16,13 +16,39 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
+import torch
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Replicate, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, distribute_module, distribute_tensor
+from torch.distributed.tensor.parallel import ParallelStyle
 
 from convoy.errors import ConfigError
 
 PLAN_METHOD = "tensor_parallel_plan"
+
+
+class ReplicateParallel(ParallelStyle):
+    """A module left whole on every rank of the group (a norm between split layers): its
+    parameters become replicated ``DTensor``s and it computes on ``DTensor`` views of its
+    inputs, returning plain tensors, as TorchTitan's ``NoParallel`` does. Conversions only, no
+    side effects: it traces under ``torch.compile`` inside a checkpointed block, where the
+    pre-hook that ``replicate_the_rest`` installs does not."""
+
+    def _apply(self, module: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+        return distribute_module(module, device_mesh, None, _replicated_inputs, _local_outputs)
+
+
+def _replicated_inputs(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> Any:
+    return tuple(
+        DTensor.from_local(x, mesh, [Replicate()], run_check=False)
+        if isinstance(x, torch.Tensor) and not isinstance(x, DTensor)
+        else x
+        for x in inputs
+    )
+
+
+def _local_outputs(module: nn.Module, outputs: Any, mesh: DeviceMesh) -> Any:
+    return outputs.to_local() if isinstance(outputs, DTensor) else outputs
 
 
 def model_plan(model: nn.Module, tp_size: int) -> dict[str, Any]:
