@@ -88,7 +88,7 @@ def test_fp32_fsdp2_computes_in_fp32() -> None:
     assert seen == {"compute": "torch.float32", "stored": "torch.float32"}
 
 
-def hsdp_layout(ctx: WorkerContext, shard_size: int | None) -> dict[str, object]:
+def hsdp_layout(ctx: WorkerContext, shard_size: int | None, tp: int = 1) -> dict[str, object]:
     """Wrap the tiny ViT under hsdp; the mesh and placements of one parameter."""
     from torch.distributed.tensor import DTensor
 
@@ -97,16 +97,20 @@ def hsdp_layout(ctx: WorkerContext, shard_size: int | None) -> dict[str, object]
         "vit_tiny", {"depth": 2, "hidden": 32, "mlp": 64}, load_digits(load_job().data).shape
     )
     # Under Ray the placement decides the workers per node: given here as 2.
-    overrides = ["strategy.name=hsdp", "scaling.num_workers=4", "scaling.launcher=ray"]
+    overrides = ["strategy.name=hsdp", f"scaling.num_workers={ctx.world_size}"]
+    overrides += ["scaling.launcher=ray", f"strategy.tp_size={tp}"]
     overrides += [f"strategy.shard_size={shard_size}"] * bool(shard_size)
     job = load_job(None, overrides)
-    strategy = build_strategy(job.strategy, ctx.device, torch.float32, local_world_size=2)
-    weight = strategy.wrap(model).blocks[0].mlp[0].weight  # type: ignore[index,union-attr]
-    assert isinstance(weight, DTensor)
+    strategy = build_strategy(job.strategy, ctx.device, torch.float32, local_world_size=2 * tp)
+    wrapped = strategy.wrap(model)
+    weight = wrapped.blocks[0].mlp[0].weight  # type: ignore[index,union-attr]
+    norm = wrapped.blocks[0].norm1.weight  # type: ignore[index,union-attr]
+    assert isinstance(weight, DTensor) and isinstance(norm, DTensor)
     return {
         "mesh": tuple(weight.device_mesh.shape),
         "names": weight.device_mesh.mesh_dim_names,
         "placements": [str(p) for p in weight.placements],
+        "norm": [str(p) for p in norm.placements],
     }
 
 
@@ -120,4 +124,18 @@ def test_hsdp_shards_within_a_group_and_replicates_across() -> None:
             "mesh": (2, 2),
             "names": ("replicate", "shard"),
             "placements": ["R", "S(0)"],  # Replicate(), Shard(0)
+            "norm": ["R", "S(0)"],
         }
+
+
+def test_hsdp_with_tensor_parallel_is_a_three_dimensional_mesh() -> None:
+    """8 ranks, hsdp with tp 2 and the default shard group (a node's 4 workers over tp 2:
+    2): replicate x shard x tp. A column-split weight is split over tp too (FSDP's
+    dim-0 shard taken within each tp slice: a strided shard); a norm is whole over tp."""
+    layouts = run_on_gloo(hsdp_layout, 8, None, 2)
+    assert layouts[0] == {
+        "mesh": (2, 2, 2),
+        "names": ("replicate", "shard", "tp"),
+        "placements": ["R", "_S(0, 2)", "S(0)"],
+        "norm": ["R", "S(0)", "R"],
+    }

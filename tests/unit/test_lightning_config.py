@@ -123,6 +123,9 @@ def test_strategies_and_options_lightning_cannot_run(tmp_path: Path) -> None:
     error = refusal(tmp_path, "strategy.name=ddp", "strategy.activation_checkpointing=full")
     assert error.field == "strategy.activation_checkpointing"
     assert refusal(tmp_path, "run.compile=true").field == "run.compile"
+    split = ["scaling.launcher=torchrun", "scaling.num_workers=2", "strategy.tp_size=2"]
+    error = refusal(tmp_path, "strategy.name=fsdp2", *split)
+    assert error.field == "strategy.tp_size" and "parallelize_module" in str(error)
     hybrid = ["scaling.launcher=torchrun", "scaling.num_workers=4", "strategy.shard_size=2"]
     error = refusal(tmp_path, "strategy.name=hsdp", *hybrid)
     assert error.field == "strategy.name" and "2-D mesh" in str(error)

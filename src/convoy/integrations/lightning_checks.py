@@ -227,6 +227,11 @@ def check_strategy(job: Job) -> None:
             "none",
             "a LightningModule checkpoints its own blocks (in its configure_model)",
         ),
+        "tp_size": (
+            1,
+            "a LightningModule applies its own tensor-parallel plan (parallelize_module in "
+            "its configure_model, on ModelParallelStrategy's mesh)",
+        ),
     }
     if job.run.compile:
         raise ConfigError(
