@@ -106,6 +106,27 @@ def test_hsdp_is_planned_as_fsdp2_over_its_shard_group() -> None:
     assert any("strategy.shard_size=N" in note for note in notes)
 
 
+def test_tensor_parallel_is_planned_as_one_ranks_share() -> None:
+    """fsdp2 with tp 2 on 4 ranks: each rank holds half of every split linear and the whole
+    rest, sharded over 2 data-parallel ranks, on their micro-batch of 2 ranks; hsdp 2 x 2
+    with tp 2 on 8. The trackers, following the real DTensor layout, agree within 10%."""
+    hybrid = ["strategy.name=hsdp", "strategy.shard_size=2", "scaling.num_workers=4"]
+    job = load_job("recipes/lm_tiny.yaml", [*TINY_GPT, *hybrid])
+    planner = Planner(job)
+    with quiet_warnings():
+        rows = check_layouts(job, ["fsdp2", "hsdp"], [4, 8], planner, [2])
+    names = [f"{row.layout.name} x {row.layout.world_size}" for row in rows]
+    # hsdp's shard group of 2 over 4 ranks with tp 2 is one replica: planned at 8 only.
+    assert names == ["fsdp2+tp2 x 4", "fsdp2+tp2 x 8", "hsdp+tp2 x 8"], format_check(rows)
+    for row in rows:
+        assert row.model_state_exact(), format_check(rows)
+        assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
+    split, whole = rows[0].layout, planner.layout("fsdp2", 2)
+    assert split.micro_batch == whole.micro_batch
+    assert split.params < whole.params  # the split half of each block, the whole rest
+    assert split.activations < whole.activations
+
+
 def test_fsdp1_peak_is_refused_with_the_reason() -> None:
     job = load_job("recipes/digits_mlp.yaml", TINY_MLP)
     with pytest.raises(ConfigError, match="FSDP1"):

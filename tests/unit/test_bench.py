@@ -200,6 +200,9 @@ def test_communication_volume_per_strategy() -> None:
     assert factor("fsdp2", 4, "strategy.reshard_after_forward=false") == pytest.approx(1.5)
     assert factor("fsdp", 4, "strategy.sharding=shard_grad_op") == pytest.approx(1.5)
     assert factor("ddp", 1) == 0
+    # tp 2 on 4: fsdp2 over 2 data-parallel ranks, each moving its half: 3 (2-1)/2 / 2.
+    split = ["strategy.tp_size=2", "scaling.num_workers=4", "scaling.launcher=torchrun"]
+    assert factor("fsdp2", 4, *split) == pytest.approx(0.75)
 
 
 def test_loss_gap_and_strategy_names() -> None:
@@ -209,9 +212,10 @@ def test_loss_gap_and_strategy_names() -> None:
     assert loss_gap([2.0, 1.1], [2.0, 1.0]) == pytest.approx(0.1)
     assert loss_gap([2.0], [2.0, 1.0]) is None  # fewer steps than the reference
     assert parse_strategies("single, ddp") == ["single", "ddp"]
-    layouts = "fsdp2,fsdp2+ac,fsdp2+ac+compile,hsdp+compile"
+    layouts = "fsdp2,fsdp2+ac,fsdp2+ac+compile,hsdp+compile,fsdp2+tp2,hsdp+tp2+ac"
     assert parse_strategies(layouts) == layouts.split(",")
-    for bad in ("ddp,zero3", "ddp,ddp", "", "fsdp2+tp", "ddp+ac+ac", "zero3+ac"):
+    bad_layouts = ("ddp,zero3", "ddp,ddp", "", "fsdp2+tp", "ddp+ac+ac", "zero3+ac")
+    for bad in (*bad_layouts, "ddp+tp2", "fsdp2+tp0", "fsdp2+tp2+tp4"):
         with pytest.raises(ConfigError, match="--strategies"):
             parse_strategies(bad)
 

@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -71,7 +72,21 @@ LAYOUT_OPTIONS = {
     "ac": "strategy.activation_checkpointing=full",
     "compile": "run.compile=true",
 }
-"""What a ``+option`` after a strategy's name in ``--strategies`` adds to its run."""
+"""What a ``+option`` after a strategy's name in ``--strategies`` adds to its run; and
+``+tpN``, tensor parallelism over N ranks (``strategy.tp_size=N``)."""
+TENSOR_PARALLEL = re.compile(r"tp([1-9]\d*)")
+
+
+def tensor_parallel_size(options: list[str]) -> int:
+    """N of a ``+tpN`` among a layout's options; 1 without one."""
+    sizes = [int(m.group(1)) for o in options if (m := TENSOR_PARALLEL.fullmatch(o))]
+    return sizes[0] if sizes else 1
+
+
+def layout_override(option: str) -> str | None:
+    """The override a ``+option`` adds (None: not an option)."""
+    match = TENSOR_PARALLEL.fullmatch(option)
+    return f"strategy.tp_size={match.group(1)}" if match else LAYOUT_OPTIONS.get(option)
 
 
 def parse_strategies(text: str) -> list[str]:
@@ -82,7 +97,7 @@ def parse_strategies(text: str) -> list[str]:
     names = [s.strip() for s in text.split(",") if s.strip()]
     allowed = (
         f"distinct layouts, comma-separated: {one_of(STRATEGY_NAMES)}, each with optional "
-        f"{' / '.join('+' + o for o in LAYOUT_OPTIONS)}"
+        f"{' / '.join('+' + o for o in LAYOUT_OPTIONS)} / +tpN (fsdp2, hsdp)"
     )
     for name in names:
         strategy, *options = name.split("+")
@@ -90,8 +105,11 @@ def parse_strategies(text: str) -> list[str]:
             guess = difflib.get_close_matches(strategy, STRATEGY_NAMES, n=1, cutoff=0.5)
             hint = f" (did you mean {guess[0]!r}?)" if guess else ""
             raise ConfigError("--strategies", text, f"unknown {strategy!r}{hint}; {allowed}")
-        unknown = [o for o in options if o not in LAYOUT_OPTIONS]
-        if unknown or len(set(options)) < len(options):
+        unknown = [o for o in options if layout_override(o) is None]
+        split = [o for o in options if TENSOR_PARALLEL.fullmatch(o)]
+        if split and "tp_size" not in strategy_class(strategy).config_model.model_fields:
+            unknown += split
+        if unknown or len(set(options)) < len(options) or len(split) > 1:
             raise ConfigError("--strategies", text, f"bad option in {name!r}; {allowed}")
     repeated = sorted({s for s in names if names.count(s) > 1})
     if repeated:
@@ -148,8 +166,8 @@ def make_plan(args: argparse.Namespace) -> ComparePlan:
         workers = args.workers if limit is None else min(args.workers, limit)
         extra = [
             strategy_override(name, base.strategy.name),
-            *default_shard_size(name, base, workers),
-            *(LAYOUT_OPTIONS[option] for option in options),
+            *default_shard_size(name, base, workers // tensor_parallel_size(options)),
+            *(str(layout_override(option)) for option in options),
             f"run.seed={base.run.seed}",
             *pinned_threads(base, max(args.workers, 1)),
             *engine_overrides(
@@ -169,8 +187,9 @@ def strategy_override(name: str, recipe_strategy: str) -> str:
 
 
 def default_shard_size(name: str, base: Job, workers: int) -> list[str]:
-    """hsdp without the recipe's ``shard_size``: two replicas of ``workers // 2`` ranks (the
-    bench runs its workers on one machine, where "the workers of one node" is all of them)."""
+    """hsdp without the recipe's ``shard_size``: two replicas of ``workers // 2`` ranks
+    (``workers``: the data-parallel ones; the bench runs its workers on one machine, where
+    "the workers of one node" is all of them)."""
     if (
         name != base.strategy.name
         and "shard_size" in strategy_class(name).config_model.model_fields

@@ -16,6 +16,7 @@ examples:
   convoy plan recipes/lm_tiny.yaml -o model.name=gpt_1b -o data.seq_len=2048 \\
       -o data.batch_size=64 -o precision=bf16 --world-sizes 1,2,4,8 --gpu-memory 80GiB
   convoy plan recipes/default.yaml --strategies single,fsdp2 --check
+  convoy plan recipes/lm_tiny.yaml --strategies fsdp2,hsdp --tp-sizes 1,2 --world-sizes 4
 """
 
 
@@ -47,6 +48,12 @@ def add_parser(commands: Any) -> None:
         help=f"comma-separated strategies to plan (default: all, {','.join(STRATEGY_NAMES)})",
     )
     parser.add_argument(
+        "--tp-sizes",
+        default=None,
+        help="comma-separated tensor-parallel sizes to plan for the strategies that take "
+        "strategy.tp_size (default: the recipe's)",
+    )
+    parser.add_argument(
         "--check",
         action="store_true",
         help="also run two training steps under torch's memory trackers (fake process group, "
@@ -71,18 +78,21 @@ def run(args: argparse.Namespace) -> int:
     )
 
     world_sizes = parse_world_sizes(args.world_sizes)
+    tp_sizes: list[int | None] = (
+        [None] if args.tp_sizes is None else [*parse_world_sizes(args.tp_sizes, "--tp-sizes")]
+    )
     strategies = parse_strategies(args.strategies)
     budget = None if args.gpu_memory is None else parse_memory(args.gpu_memory)
     job = load_job(args.recipe, args.override)
     with quiet_warnings():
         planner = Planner(job)
-        plan = plan_job(job, strategies, world_sizes, budget, planner)
+        plan = plan_job(job, strategies, world_sizes, budget, planner, tp_sizes)
         rows = None
         if args.check:
             from convoy.plan.check import check_layouts
 
             sizes = [layout.world_size for layout in plan.layouts]
-            rows = check_layouts(job, strategies, sorted(set(sizes)), planner)
+            rows = check_layouts(job, strategies, sorted(set(sizes)), planner, tp_sizes)
     if args.json:
         from convoy.plan.check import check_to_dict
 

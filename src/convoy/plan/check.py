@@ -30,7 +30,7 @@ category at the peak, plus ``"Total"``.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -130,11 +130,15 @@ def tracked_peak(job: Job, strategy_name: str, world_size: int) -> dict[str, int
 
 
 def track(
-    job: Job, strategy_name: str, world_size: int, source: ModelSource | None = None
+    job: Job,
+    strategy_name: str,
+    world_size: int,
+    source: ModelSource | None = None,
+    tp_size: int | None = None,
 ) -> Tracked:
     """Run two steps under the trackers (see the module docstring) and measure."""
     source = source or load_source(job)
-    run = layout_job(job, strategy_name, world_size)
+    run = layout_job(job, strategy_name, world_size, tp_size)
     cls = strategy_class(strategy_name, "strategy_name")
     with fake_process_group(world_size, needed=cls.requires_process_group):
         if cls.memory_tracking is None:
@@ -373,24 +377,32 @@ class CheckRow:
 
 
 def check_layouts(
-    job: Job, strategies: list[str], world_sizes: list[int], planner: Planner | None = None
+    job: Job,
+    strategies: list[str],
+    world_sizes: list[int],
+    planner: Planner | None = None,
+    tp_sizes: Sequence[int | None] = (None,),
 ) -> list[CheckRow]:
-    """Plan and track every (strategy, world size) layout."""
+    """Plan and track every (strategy, world size, tensor-parallel size) layout."""
     planner = planner or Planner(job)
     rows = []
-    for size in world_sizes:
-        for strategy in strategies:
-            if not plannable(job, strategy, size):
-                continue
-            layout = planner.layout(strategy, size)
-            try:
-                tracked = track(job, strategy, size, planner.source)
-            except UntrackableError as exc:
-                tracked = Tracked(strategy, size, note=f"not tracked: {exc}")
-            except Exception as exc:  # a tracker or a fake collective this layout trips on
-                reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                tracked = Tracked(strategy, size, note=f"not tracked: {reason}")
-            rows.append(CheckRow(layout, tracked))
+    layouts = [
+        (strategy, size, tp)
+        for size in world_sizes
+        for strategy in strategies
+        for tp in tp_sizes
+        if plannable(job, strategy, size, tp)
+    ]
+    for strategy, size, tp in layouts:
+        layout = planner.layout(strategy, size, tp)
+        try:
+            tracked = track(job, strategy, size, planner.source, tp)
+        except UntrackableError as exc:
+            tracked = Tracked(strategy, size, note=f"not tracked: {exc}")
+        except Exception as exc:  # a tracker or a fake collective this layout trips on
+            reason = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+            tracked = Tracked(strategy, size, note=f"not tracked: {reason}")
+        rows.append(CheckRow(layout, tracked))
     return rows
 
 
@@ -401,7 +413,7 @@ def format_check(rows: list[CheckRow]) -> str:
     table: list[list[str]] = []
     notes: list[str] = []
     for row in rows:
-        name = f"{row.layout.strategy} x {row.layout.world_size}"
+        name = f"{row.layout.name} x {row.layout.world_size}"
         planned_state = [row.layout.params, row.layout.grads, row.layout.optimizer]
         state = row.tracked.model_state
         exact = "exact" if row.model_state_exact() else "DIFFERS"
@@ -449,6 +461,7 @@ def check_to_dict(rows: list[CheckRow]) -> list[dict[str, Any]]:
     return [
         {
             "strategy": row.layout.strategy,
+            "tp_size": row.layout.tp_size,
             "world_size": row.layout.world_size,
             "planned_peak": row.layout.peak,
             "planned_at_peak": row.layout.at_peak(),

@@ -20,7 +20,7 @@ def format_plan(plan: Plan) -> str:
     for layout in plan.layouts:
         parts = layout.at_peak()
         row = [
-            f"{layout.strategy} x {layout.world_size}",
+            f"{layout.name} x {layout.world_size}",
             str(layout.micro_batch),
             *(format_bytes(parts[c]) for c in CATEGORIES),
             format_bytes(layout.peak),
@@ -40,11 +40,7 @@ def format_plan(plan: Plan) -> str:
         best = plan.smallest_fit()
         lines.append(
             f"smallest layout that fits {format_bytes(plan.gpu_memory)}: "
-            + (
-                f"{best.strategy} x {best.world_size} ({format_bytes(best.peak)})"
-                if best
-                else "none"
-            )
+            + (f"{best.name} x {best.world_size} ({format_bytes(best.peak)})" if best else "none")
         )
     return "\n".join(lines)
 
@@ -75,6 +71,7 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         "layouts": [
             {
                 "strategy": lay.strategy,
+                "tp_size": lay.tp_size,
                 "world_size": lay.world_size,
                 "micro_batch": lay.micro_batch,
                 "peak": lay.peak,
@@ -87,6 +84,6 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
         ],
         "smallest_fit": None
         if best is None
-        else {"strategy": best.strategy, "world_size": best.world_size},
+        else {"strategy": best.strategy, "tp_size": best.tp_size, "world_size": best.world_size},
         "notes": plan.notes,
     }

@@ -116,7 +116,9 @@ def measure_activations(
         cast = _cast_floats(inputs, cast_params)
         batch += _storage_bytes([t for t in tensors_in(cast) if t.is_floating_point()])
         inputs = cast
-    skeleton = build_skeleton(job, source)  # outside the fake mode: a real build may need values
+    # Outside the fake mode: a real build may need values. Under tensor parallelism, one
+    # rank's share: its heads and hidden units only.
+    skeleton = build_skeleton(job, source, tp_share=True)
     if cast_params is not None:  # FSDP's MixedPrecision: parameters cast, no autocast
         skeleton = skeleton.to(cast_params)
     with mode:

@@ -6,6 +6,7 @@ one rank's shard sizes, and a fake process group for sharding without workers.
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import math
 import warnings
 from collections.abc import Iterator, Sequence
@@ -76,12 +77,50 @@ def build_raw(job: Job, shape: dict[str, int]) -> nn.Module:
     return build_model(job.model.name, job.model.kwargs, shape)
 
 
-def build_skeleton(job: Job, source: ModelSource) -> nn.Module:
-    """The model on the meta device (or for real, when its factory cannot run on meta)."""
+def build_skeleton(job: Job, source: ModelSource, tp_share: bool = False) -> nn.Module:
+    """The model on the meta device (or for real, when its factory cannot run on meta);
+    ``tp_share``: one tensor-parallel rank's share of it (``tensor_parallel_share``), under
+    the job's ``strategy.tp_size``."""
     if not source.on_meta:
-        return build_raw(job, source.shape)
-    with torch.device("meta"):
-        return build_raw(job, source.shape)
+        model = build_raw(job, source.shape)
+    else:
+        with torch.device("meta"):
+            model = build_raw(job, source.shape)
+    tp_size = int(getattr(job.strategy, "tp_size", 1))
+    return tensor_parallel_share(model, tp_size) if tp_share and tp_size > 1 else model
+
+
+def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:
+    """What one rank of a tensor-parallel group holds and computes, as a plain model: each
+    linear the model's plan splits column-wise has ``out_features / tp`` (its heads or hidden
+    units), each row-wise one ``in_features / tp``; the rest is whole. Its parameters, the
+    activations it saves and its optimizer state are a tensor-parallel rank's (the split
+    attention sees its own heads); in place."""
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from convoy.strategies.tensor_parallel import model_plan
+
+    plan = model_plan(model, tp_size)
+    names = dict(model.named_modules())
+    for pattern, style in plan.items():
+        for path in fnmatch.filter(names, pattern):
+            linear = names[path]
+            if not isinstance(linear, nn.Linear) or type(style) not in (
+                ColwiseParallel,
+                RowwiseParallel,
+            ):
+                continue
+            columns = type(style) is ColwiseParallel
+            narrow = nn.Linear(
+                linear.in_features if columns else linear.in_features // tp_size,
+                linear.out_features // tp_size if columns else linear.out_features,
+                bias=linear.bias is not None,
+                device=linear.weight.device,
+                dtype=linear.weight.dtype,
+            )
+            parent, _, child = path.rpartition(".")
+            setattr(model.get_submodule(parent), child, narrow)
+    return model
 
 
 def to_fake(model: nn.Module, device: torch.device) -> nn.Module:

@@ -52,14 +52,14 @@ def format_bytes(value: float) -> str:
     return f"{value:.0f} B"
 
 
-def parse_world_sizes(text: str) -> list[int]:
+def parse_world_sizes(text: str, flag: str = "--world-sizes") -> list[int]:
     """``"1,2,4,8"`` -> ``[1, 2, 4, 8]``; each a positive integer."""
     try:
         sizes = [int(part) for part in text.split(",") if part.strip()]
     except ValueError:
         sizes = []
     if not sizes or any(size <= 0 for size in sizes):
-        raise ConfigError("--world-sizes", text, "allowed: positive integers, e.g. 1,2,4,8")
+        raise ConfigError(flag, text, "allowed: positive integers, e.g. 1,2,4,8")
     return sorted(set(sizes))
 
 

@@ -22,6 +22,8 @@ from convoy.plan.job import (
     layout_job,
     micro_batch,
     strategy_order,
+    takes_tensor_parallel,
+    tp_size_of,
 )
 from convoy.plan.measure import Activations, OptimizerCost, measure_activations, measure_optimizer
 from convoy.plan.model import (
@@ -55,6 +57,12 @@ class Layout:
     comm: int
     moments: dict[str, dict[str, int]]
     """Each candidate moment's bytes per category (``CATEGORIES``)."""
+    tp_size: int = 1
+
+    @property
+    def name(self) -> str:
+        """The strategy, with ``+tpN`` under tensor parallelism (``fsdp2+tp2``)."""
+        return self.strategy + (f"+tp{self.tp_size}" if self.tp_size > 1 else "")
 
     @property
     def peak_moment(self) -> str:
@@ -74,67 +82,79 @@ class Planner:
     def __init__(self, job: Job, source: ModelSource | None = None) -> None:
         self.job = job
         self.source = source or load_source(job)
-        self.model = build_skeleton(job, self.source)
-        self.blocks, self.root = blocks_and_root(self.model)
-        self.units = [unit for unit in [*self.blocks, self.root] if unit]
-        self.params = [p for unit in self.units for p in unit]
-        self._activations: dict[tuple[int, Any], Activations] = {}
-        self._optimizer: dict[tuple[str, int], OptimizerCost] = {}
+        self._parts: dict[int, ModelParts] = {}
+        whole = self.parts(1)
+        self.model, self.blocks, self.root = whole.model, whole.blocks, whole.root
+        self.units, self.params = whole.units, whole.params
+        self._activations: dict[tuple[int, Any, int], Activations] = {}
+        self._optimizer: dict[tuple[str, int, int], OptimizerCost] = {}
 
     @property
     def param_count(self) -> int:
         return sum(p.numel() for p in self.params)
 
-    def activations(self, strategy: str, rows: int) -> Activations:
-        dtype = compute_dtype(self.job)
-        casts = strategy_class(strategy).casts_parameters
+    def parts(self, tp_size: int) -> ModelParts:
+        """The model (one tensor-parallel rank's share of it, for ``tp_size`` > 1) in units."""
+        if tp_size not in self._parts:
+            job = layout_job(self.job, self.job.strategy.name, 1, tp_size)
+            self._parts[tp_size] = ModelParts.of(build_skeleton(job, self.source, tp_share=True))
+        return self._parts[tp_size]
+
+    def activations(self, job: Job, rows: int) -> Activations:
+        """What ``job`` (a layout's) saves and transiently needs on a micro-batch of ``rows``."""
+        dtype = compute_dtype(job)
+        casts = strategy_class(job.strategy.name).casts_parameters
         cast = dtype if casts and dtype != torch.float32 else None
-        key = (rows, cast)
+        key = (rows, cast, tp_size_of(job.strategy))
         if key not in self._activations:
-            self._activations[key] = measure_activations(self.job, self.source, rows, cast)
+            self._activations[key] = measure_activations(job, self.source, rows, cast)
         return self._activations[key]
 
-    def optimizer(self, strategy: str, world_size: int) -> OptimizerCost:
+    def optimizer(self, strategy: str, world_size: int, tp_size: int = 1) -> OptimizerCost:
         # Per-parameter shards (FSDP2) are DTensors the optimizer steps at any world size; a
         # flat shard per unit (FSDP1, use_orig_params) is stepped as plain tensors of shard
         # shapes; unsharded state as the parameters' own shapes.
         sharding = strategy_class(strategy).sharding
         layout = sharding.layout if sharding.optimizer_state else None
         size = world_size if sharding.optimizer_state else 1
-        key = (layout or "whole", size)
+        key = (layout or "whole", size, tp_size)
+        params = self.parts(tp_size).params
         if key not in self._optimizer:
             if layout == "per_parameter":
-                shapes = [tuple(p.shape) for p in self.params]
+                shapes = [tuple(p.shape) for p in params]
                 cost = measure_optimizer(self.job, shapes, fsdp2_world_size=size)
             else:
-                cost = measure_optimizer(self.job, local_shapes(self.params, size))
+                cost = measure_optimizer(self.job, local_shapes(params, size))
             self._optimizer[key] = cost
         return self._optimizer[key]
 
-    def layout(self, strategy: str, world_size: int) -> Layout:
-        """The plan of ``strategy`` on ``world_size`` ranks."""
+    def layout(self, strategy: str, world_size: int, tp_size: int | None = None) -> Layout:
+        """The plan of ``strategy`` on ``world_size`` ranks (``tp_size``: as ``layout_job``)."""
         cls = strategy_class(strategy, "--strategies")
-        job = layout_job(self.job, strategy, world_size)
+        job = layout_job(self.job, strategy, world_size, tp_size)
+        tp = tp_size_of(job.strategy)
+        parts = self.parts(tp)
         rows = micro_batch(job, world_size)
-        # What the model state is split over: every rank, a shard group (hsdp), or none.
+        # What the model state is split over: every data-parallel rank, a shard group (hsdp),
+        # or none; under tensor parallelism, the share of one rank of its group.
         shards = cls.shard_ranks(job.strategy, world_size)
         assert shards is not None, f"{strategy} cannot run on {world_size} ranks (plan_job)"
         sharded = cls.sharding.parameters and shards > 1
-        local = self.param_count
+        local = parts.param_count
         if sharded and cls.sharding.layout == "flat_per_unit":  # split evenly per unit
-            local = sum(math.ceil(sum(p.numel() for p in u) / shards) for u in self.units)
+            local = sum(math.ceil(sum(p.numel() for p in u) / shards) for u in parts.units)
         elif sharded:
-            local = sum(shard_numel(p, shards) for p in self.params)
+            local = sum(shard_numel(p, shards) for p in parts.params)
         params = grads = 4 * local  # fp32 master weights and gradients
-        opt = self.optimizer(strategy, shards)
-        acts = self.activations(strategy, rows)
+        opt = self.optimizer(strategy, shards, tp)
+        acts = self.activations(job, rows)
         backward_temp = acts.backward
-        comm = self._comm(job, cls, shards)
+        comm = self._comm(job, cls, shards, parts)
         # Accumulation: later micro-steps run with the gradients of earlier ones; no_sync
         # keeps them unsharded under FSDP.
         accum_grads = 0
         if job.optim.grad_accum_steps > 1:
-            accum_grads = 4 * self.param_count if cls.sharding.gradients else grads
+            accum_grads = 4 * parts.param_count if cls.sharding.gradients else grads
         static = {"params": params, "optimizer": opt.state}
         ddp_buckets = comm if cls.comm_buffers == "ddp_buckets" else 0
         moments = {
@@ -166,13 +186,13 @@ class Planner:
         if cls.sharding.layout == "per_parameter":
             # fully_shard's working set. "backward" is the loss's own backward: every unit
             # is resharded then.
-            held = self._fsdp2_held(job, shards)
-            parts = {
+            held = self._fsdp2_held(job, shards, parts)
+            unit_moments = {
                 "forward (unit)": (acts.forward, 0),
                 "backward (in model)": (acts.saved, acts.backward_in_model),
                 "backward (unit)": (acts.saved, 0),
             }
-            for name, (live, temp) in parts.items():
+            for name, (live, temp) in unit_moments.items():
                 moments[name] = {
                     **static,
                     "grads": accum_grads,
@@ -190,11 +210,12 @@ class Planner:
                 **static,
                 "grads": accum_grads,
                 "activations": acts.saved,
-                "temp": 4 * self.largest_unit,
+                "temp": 4 * parts.largest_unit,
                 "comm": comm,
             }
         moments = {
-            name: {c: parts.get(c, 0) for c in CATEGORIES} for name, parts in moments.items()
+            name: {c: held_bytes.get(c, 0) for c in CATEGORIES}
+            for name, held_bytes in moments.items()
         }
         return Layout(
             strategy=strategy,
@@ -208,21 +229,22 @@ class Planner:
             step_temp=opt.transient,
             comm=comm,
             moments=moments,
+            tp_size=tp,
         )
 
-    def _comm(self, job: Job, cls: type[Strategy], world_size: int) -> int:
+    def _comm(self, job: Job, cls: type[Strategy], world_size: int, parts: ModelParts) -> int:
         """DDP's buckets hold a copy of every gradient (fp32; Convoy's DDP keeps
         ``gradient_as_bucket_view`` off). FSDP holds the largest unit unsharded and
         all-gathers the next one ahead, in the dtype it computes in."""
         if cls.comm_buffers == "ddp_buckets":
-            return 4 * self.param_count
+            return 4 * parts.param_count
         if not cls.gathers_parameters(world_size):
             return 0
         dtype = compute_dtype(job)
         itemsize = torch.empty((), dtype=dtype, device="meta").element_size()
-        return 2 * itemsize * self.largest_unit
+        return 2 * itemsize * parts.largest_unit
 
-    def _fsdp2_held(self, job: Job, world_size: int) -> dict[str, int]:
+    def _fsdp2_held(self, job: Job, world_size: int, parts: ModelParts) -> dict[str, int]:
         """What ``fully_shard`` holds beyond model state at each moment, rank 0's bytes.
 
         Convoy passes ``reshard_after_forward`` explicitly, so the root reshards after
@@ -261,21 +283,21 @@ class Planner:
             return param_size * sum(p.numel() for p in unit) if new_grads else 0
 
         gathered = param_size if world_size > 1 else 0  # all-gather output bytes per element
-        root = param_size * padded(self.root)
-        root_gathered = gathered * padded(self.root)
+        root = param_size * padded(parts.root)
+        root_gathered = gathered * padded(parts.root)
         forward = [root_gathered]
         backward = [root_gathered]
         unit = [root_gathered]
         previous_gathered = root_gathered  # forward: the root's output is kept until block 1's
         ahead = 0  # backward: what block i all-gathers ahead (block i - 1; block 1: nothing)
-        for block in self.blocks:
+        for block in parts.blocks:
             unsharded = param_size * padded(block)
             own_gathered = gathered * padded(block)
             reduce_input = reduce_size * padded(block) if world_size > 1 else 0
             forward += [unsharded + own_gathered, previous_gathered + own_gathered]
-            backward.append(grads(self.root) + unsharded + ahead)
+            backward.append(grads(parts.root) + unsharded + ahead)
             unit.append(
-                grads(self.root)
+                grads(parts.root)
                 + max(
                     unsharded + own_gathered,
                     unsharded + grads(block) + ahead,
@@ -283,15 +305,46 @@ class Planner:
                 )
             )
             previous_gathered, ahead = own_gathered, own_gathered
-        if not self.blocks:  # the root alone: its gradients, then its reduce-scatter
-            reduce_input = reduce_size * padded(self.root) if world_size > 1 else 0
-            backward.append(grads(self.root))
-            unit.append(grads(self.root) + reduce_input)
+        if not parts.blocks:  # the root alone: its gradients, then its reduce-scatter
+            reduce_input = reduce_size * padded(parts.root) if world_size > 1 else 0
+            backward.append(grads(parts.root))
+            unit.append(grads(parts.root) + reduce_input)
         return {
             "forward (unit)": root + max(forward),
             "backward (in model)": root + max(backward),
             "backward (unit)": root + max(unit),
         }
+
+    @property
+    def largest_unit(self) -> int:
+        """Parameters in the largest wrap unit."""
+        return self.parts(1).largest_unit
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """A model as FSDP wraps it: its blocks' parameter groups and the root's remaining ones."""
+
+    model: nn.Module
+    blocks: list[list[nn.Parameter]]
+    root: list[nn.Parameter]
+
+    @classmethod
+    def of(cls, model: nn.Module) -> ModelParts:
+        blocks, root = blocks_and_root(model)
+        return cls(model, blocks, root)
+
+    @property
+    def units(self) -> list[list[nn.Parameter]]:
+        return [unit for unit in [*self.blocks, self.root] if unit]
+
+    @property
+    def params(self) -> list[nn.Parameter]:
+        return [p for unit in self.units for p in unit]
+
+    @property
+    def param_count(self) -> int:
+        return sum(p.numel() for p in self.params)
 
     @property
     def largest_unit(self) -> int:
@@ -317,7 +370,11 @@ class Plan:
         ddp, fsdp2, fsdp)."""
         fitting = [layout for layout in self.layouts if self.fits(layout)]
         order = {name: i for i, name in enumerate(strategy_order())}
-        return min(fitting, key=lambda lay: (lay.world_size, order[lay.strategy]), default=None)
+        return min(
+            fitting,
+            key=lambda lay: (lay.world_size, order[lay.strategy], lay.tp_size),
+            default=None,
+        )
 
 
 def plan_job(
@@ -326,11 +383,12 @@ def plan_job(
     world_sizes: Sequence[int] = DEFAULT_WORLD_SIZES,
     gpu_memory: int | None = None,
     planner: Planner | None = None,
+    tp_sizes: Sequence[int | None] = (None,),
 ) -> Plan:
-    """Plan every (strategy, world size) layout (``strategies``: all of them, in
-    ``strategy_order``, by default). A strategy is left out at world sizes it cannot train
-    on (``single`` above 1), and world sizes that do not split the global batch are left
-    out (and noted)."""
+    """Plan every (strategy, world size, tensor-parallel size) layout (``strategies``: all of
+    them, in ``strategy_order``, by default; ``tp_sizes``: None, the recipe's). A strategy is
+    left out at world sizes it cannot train on (``single`` above 1), and world sizes that do
+    not split the global batch are left out (and noted)."""
     strategies = strategy_order() if strategies is None else strategies
     planner = planner or Planner(job)
     layouts: list[Layout] = []
@@ -348,8 +406,9 @@ def plan_job(
             )
             continue
         for strategy in strategies:
-            if plannable(job, strategy, size):
-                layouts.append(planner.layout(strategy, size))
+            for tp in tp_sizes:
+                if plannable(job, strategy, size, tp):
+                    layouts.append(planner.layout(strategy, size, tp))
     unplaced = [
         name
         for name in strategies
@@ -365,11 +424,16 @@ def plan_job(
     return Plan(job, layouts, gpu_memory, planner.param_count, notes)
 
 
-def plannable(job: Job, strategy: str, world_size: int) -> bool:
+def plannable(job: Job, strategy: str, world_size: int, tp_size: int | None = None) -> bool:
     """Whether ``strategy`` (with the settings ``layout_job`` gives it) trains on
-    ``world_size`` ranks: ``single`` on one, ``hsdp`` where its shard group splits them."""
+    ``world_size`` ranks: ``single`` on one, ``hsdp`` where its shard group splits them, a
+    tensor-parallel size on a strategy that has it and where it splits them."""
     cls = strategy_class(strategy, "--strategies")
-    cfg = layout_job(job, strategy, world_size).strategy
+    if tp_size is not None and tp_size > 1 and not takes_tensor_parallel(strategy):
+        return False
+    cfg = layout_job(job, strategy, world_size, tp_size).strategy
+    if world_size % tp_size_of(cfg):
+        return False
     return cls.runs_on(world_size) and cls.shard_ranks(cfg, world_size) is not None
 
 

@@ -60,6 +60,21 @@ class FSDP2Strategy(Strategy):
     plan_preference = 2
 
     @classmethod
+    def shard_ranks(cls, cfg: Any, world_size: int) -> int | None:
+        """Its data-parallel ranks: every rank, or every tensor-parallel group (whose ranks
+        hold different parts)."""
+        if world_size % cfg.tp_size:
+            return None
+        return int(cfg.data_parallel_size(world_size))
+
+    @classmethod
+    def comm_volume(cls, cfg: Any, world_size: int) -> float:
+        """FSDP's passes over the data-parallel ranks, each moving a rank's 1 / tp share of
+        the parameters (counting every parameter as split). Tensor parallelism's own
+        all-reduces carry activations, which scale with the batch, not with psi: not in it."""
+        return super().comm_volume(cfg, world_size // cfg.tp_size) / cfg.tp_size
+
+    @classmethod
     def comm_passes(cls, cfg: Any) -> float:
         # All-gather in forward and (resharded after it) again in backward, reduce-scatter.
         return 3.0 if cfg.reshard_after_forward else 2.0
@@ -84,9 +99,11 @@ class FSDP2Strategy(Strategy):
         if tp == 1:
             return init_device_mesh(self.device.type, shape, mesh_dim_names=names), None
         mesh = init_device_mesh(self.device.type, (*shape, tp), mesh_dim_names=(*names, TP))
-        # A flattened view of every rank lets DTensor reduce a norm over both dimensions in
-        # one all-reduce (clipping), instead of one per dimension.
+        # Flattened views (every rank; hsdp's shard x tp) let DTensor reduce a norm over the
+        # dimensions a gradient is split on in one all-reduce (clipping), not one per dimension.
         mesh._flatten()
+        if len(names) > 1:
+            mesh[(names[-1], TP)]._flatten()
         return mesh[names], mesh[TP]
 
     def device_mesh(self) -> DeviceMesh:

@@ -57,12 +57,14 @@ class HSDPStrategy(FSDP2Strategy):
     def comm_volume(cls, cfg: Any, world_size: int) -> float:
         """fsdp2's passes inside a shard group, then an all-reduce (two passes) of each
         rank's 1/shard of the gradients across the replicas; a shard size the config leaves
-        to the cluster counts as every rank (fsdp2's volume)."""
-        shard = cfg.shard_size or world_size
-        replicas = world_size // shard
+        to the cluster counts as every data-parallel rank (fsdp2's volume). Under tensor
+        parallelism, of each rank's 1 / tp share (as fsdp2's)."""
+        ranks = world_size // cfg.tp_size  # data-parallel; each moves its 1 / tp share
+        shard = cfg.shard_size or ranks
+        replicas = ranks // shard
         inside = cls.comm_passes(cfg) * (shard - 1) / shard
         across = 2.0 * (replicas - 1) / replicas / shard
-        return inside + across
+        return (inside + across) / cfg.tp_size
 
     def data_parallel_layout(self, ranks: int) -> tuple[tuple[int, ...], tuple[str, ...]]:
         shard = self.cfg.default_shard_size(self.local_world_size)
