@@ -334,7 +334,13 @@ def format_report(result: dict[str, Any]) -> str:
             + (f" = {format_bytes(psi)}" if psi else " (n/a: the model could not be built here)")
             + ": ddp 2 psi (n-1)/n, fsdp/fsdp2 full shard 3 psi (n-1)/n (2 when parameters stay "
             "gathered after forward), hsdp fsdp2's inside a shard group of s plus "
-            "2 psi/s (r-1)/r across its r replicas, single 0.",
+            "2 psi/s (r-1)/r across its r replicas, single 0"
+            + (
+                "; +tpN: FSDP's over the n/N data-parallel ranks, of psi/N each (tensor "
+                "parallelism's all-reduces carry activations, not parameters: not counted)."
+                if any("+tp" in row["strategy"] for row in result["strategies"])
+                else "."
+            ),
             f"step time: {result['timing']}"
             + (" (without compiling: the compile s column)" if compiled else "")
             + f". runs: {result['bench_dir']}",

@@ -137,11 +137,13 @@ def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
 
     compare = actions.add_parser(
         "compare",
-        help="the strategies like for like on one recipe (+ac, +compile layouts too)",
+        help="the strategies like for like on one recipe (+ac, +compile, +tpN layouts too)",
         description="Train the recipe with each strategy for --warmup + --steps steps: same "
         "seed, global batch and wrap units. A layout may add +ac (activation checkpointing "
-        "of every block) and +compile (torch.compile per block), e.g. fsdp2+ac+compile; hsdp "
-        "without the recipe's shard_size runs as 2 replicas of --workers / 2. Reports step "
+        "of every block), +compile (torch.compile per block) and, to fsdp2 / hsdp, +tpN "
+        "(tensor parallelism over N ranks), e.g. fsdp2+ac+compile or fsdp2+tp2; hsdp "
+        "without the recipe's shard_size runs as 2 replicas of its data-parallel ranks. "
+        "Reports step "
         "time, throughput, peak memory per rank, communication per step, compile time, and "
         "whether the first steps' losses agree.",
         epilog=COMPARE_EXAMPLES,
