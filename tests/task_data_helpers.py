@@ -93,3 +93,36 @@ class PerRankMeanLM(LanguageModeling):
 
     def count(self, targets: torch.Tensor) -> torch.Tensor:
         return torch.tensor(targets.numel(), device=targets.device)
+
+
+class ResidualMLPBlock(torch.nn.Module):
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.norm = torch.nn.LayerNorm(width)
+        self.up = torch.nn.Linear(width, 2 * width)
+        self.down = torch.nn.Linear(2 * width, width)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(torch.nn.functional.gelu(self.up(self.norm(x))))
+
+
+class PlannedMLP(torch.nn.Module):
+    """A user's model with its own tensor-parallel plan: each block's ``up`` split by
+    columns, ``down`` by rows; the blocks' norms, the stem and the head left to Convoy."""
+
+    def __init__(self, num_classes: int, in_channels: int, image_size: int) -> None:
+        super().__init__()
+        self.stem = torch.nn.Linear(in_channels * image_size * image_size, 32)
+        self.blocks = torch.nn.ModuleList(ResidualMLPBlock(32) for _ in range(2))
+        self.head = torch.nn.Linear(32, num_classes)
+
+    def forward(self, images: torch.Tensor) -> torch.Tensor:
+        x = self.stem(images.flatten(1))
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+    def tensor_parallel_plan(self, tp_size: int) -> dict[str, Any]:
+        from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+        return {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}

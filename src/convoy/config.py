@@ -782,6 +782,16 @@ class Job(Section):
         return Path(self.run_uri)
 
 
+def tp_size_of(strategy: StrategySection) -> int:
+    """The tensor-parallel size of a strategy section (1 where it has none)."""
+    return int(getattr(strategy, "tp_size", 1))
+
+
+def layout_name(name: str, tp_size: int = 1) -> str:
+    """A strategy's name, with ``+tpN`` under tensor parallelism (``fsdp2+tp2``)."""
+    return name + (f"+tp{tp_size}" if tp_size > 1 else "")
+
+
 def world_sizes(scaling: ScalingConfig) -> list[int]:
     """Every world size a run may have: each size of an elastic range (whole nodes of
     ``nproc_per_node`` workers under torchrun)."""
@@ -915,7 +925,7 @@ def check_job(job: Job) -> None:
             "data.loader",
             "ray_data",
             f"Ray Data streams each worker its own share of a batch, while the ranks of a "
-            f"tensor-parallel group (strategy.tp_size {getattr(job.strategy, 'tp_size', 1)}) "
+            f"tensor-parallel group (strategy.tp_size {tp_size_of(job.strategy)}) "
             "must read the same one; use data.loader: torch with tensor parallelism",
         )
     if job.data.loader == "ray_data" and job.scaling.launcher != "ray":

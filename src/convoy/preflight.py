@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from convoy.batches import move_to
-from convoy.config import Job
+from convoy.config import Job, tp_size_of
 from convoy.data.base import Splits
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
@@ -277,7 +277,7 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
         )
     if job.strategy.activation_checkpointing != "none":
         model_blocks(model, job.strategy.activation_checkpointing)  # it has blocks to checkpoint
-    tp_size = getattr(job.strategy, "tp_size", 1)
+    tp_size = tp_size_of(job.strategy)
     if tp_size > 1:
         from convoy.strategies.tensor_parallel import model_plan
 

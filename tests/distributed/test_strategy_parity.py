@@ -117,6 +117,17 @@ def test_fsdp2_with_tensor_parallel_matches_single(
         assert summaries[0]["metrics"][key] == pytest.approx(single[key], rel=1e-4)
 
 
+def test_a_user_models_own_plan_matches_single(tmp_path: Path) -> None:
+    """A user's model with its own plan (two linears per block); its norms, stem and head
+    are not in it, and Convoy replicates them over the pair."""
+    user = ["model.name=task_data_helpers:PlannedMLP", "model.kwargs={}"]
+    single = parity_job(tmp_path / "single", "single", 1, user)
+    train(single, WorkerContext())
+    split = parity_job(tmp_path / "split", "fsdp2", 2, [*user, "strategy.tp_size=2"])
+    run_on_gloo(train_on_rank, 2, split)
+    assert step_losses(split) == pytest.approx(step_losses(single), rel=1e-5)
+
+
 def test_tensor_parallel_composes_with_compile_and_checkpointing(
     reference: tuple[list[float], dict], tmp_path: Path
 ) -> None:

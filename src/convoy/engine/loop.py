@@ -29,7 +29,7 @@ from convoy.checkpoint import (
     checkpoint_path,
     partial_checkpoints,
 )
-from convoy.config import Job, MonitorConfig, micro_batch
+from convoy.config import Job, MonitorConfig, layout_name, micro_batch, tp_size_of
 from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_worker_data
 from convoy.data.registry import load_splits
 from convoy.distributed import (
@@ -247,7 +247,8 @@ def _train_and_summarize(
     header = (
         f"convoy: {job.model.name} ({count_parameters(state.strategy.unwrap(state.model)):,} "
         f"params on rank 0) | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
-        f"{sizes['val']} val / {sizes['test']} test | {job.strategy.name} x {ctx.world_size} | "
+        f"{sizes['val']} val / {sizes['test']} test | {layout_name(job.strategy.name, tp_size_of(job.strategy))} x "
+        f"{ctx.world_size} | "
         f"{job.precision} | global batch {job.data.batch_size} | {total_steps} steps"
     )
     state.events.emit(

@@ -4,11 +4,9 @@ and world size, its micro-batch per rank and the dtype it computes in.
 
 from __future__ import annotations
 
-from typing import Any
-
 import torch
 
-from convoy.config import Job, micro_batch
+from convoy.config import Job, micro_batch, tp_size_of
 from convoy.strategies import strategy_class, strategy_classes
 
 DEFAULT_WORLD_SIZES = (1, 2, 4, 8)
@@ -42,11 +40,6 @@ def layout_job(job: Job, strategy: str, world_size: int, tp_size: int | None = N
     # model_copy skips the cross-section checks that tie a strategy to a launcher: a plan
     # asks about layouts, not about how this recipe would launch them.
     return job.model_copy(update={"strategy": cfg, "scaling": scaling})
-
-
-def tp_size_of(cfg: Any) -> int:
-    """The tensor-parallel size of a strategy section (1 where it has none)."""
-    return int(getattr(cfg, "tp_size", 1))
 
 
 def takes_tensor_parallel(strategy: str) -> bool:

@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from convoy.config import Job
+from convoy.config import Job, tp_size_of
 from convoy.errors import ConfigError, ConvoyError
 
 # Data sources that read files only for their values: when the files are missing, plan
@@ -86,7 +86,7 @@ def build_skeleton(job: Job, source: ModelSource, tp_share: bool = False) -> nn.
     else:
         with torch.device("meta"):
             model = build_raw(job, source.shape)
-    tp_size = int(getattr(job.strategy, "tp_size", 1))
+    tp_size = tp_size_of(job.strategy)
     return tensor_parallel_share(model, tp_size) if tp_share and tp_size > 1 else model
 
 

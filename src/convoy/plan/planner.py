@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from convoy.config import Job, split_batch
+from convoy.config import Job, layout_name, split_batch
 from convoy.plan.job import (
     DEFAULT_WORLD_SIZES,
     compute_dtype,
@@ -62,7 +62,7 @@ class Layout:
     @property
     def name(self) -> str:
         """The strategy, with ``+tpN`` under tensor parallelism (``fsdp2+tp2``)."""
-        return self.strategy + (f"+tp{self.tp_size}" if self.tp_size > 1 else "")
+        return layout_name(self.strategy, self.tp_size)
 
     @property
     def peak_moment(self) -> str:
