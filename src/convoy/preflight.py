@@ -58,6 +58,8 @@ def preflight(job: Job) -> Job:
     check_task_data(job, task, splits)
     job = resolve_best_mode(job, task, splits)
     check_model_fits(job, task, splits, sample)
+    if tp_size_of(job.strategy) > 1:
+        check_sequence_split(job, _build(job, splits.shape), sample[0])
     if job.run.compile:
         check_compiles(job, task, splits.shape, sample[0])
     return job
@@ -256,6 +258,29 @@ def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> 
             continue  # the meta device: try real tensors
         finally:
             torch._dynamo.reset()  # the driver's traces are not the workers'
+
+
+def check_sequence_split(job: Job, model: torch.nn.Module, inputs: Any) -> None:
+    """A plan with sequence parallelism cuts each sequence (dim 1) over the tensor-parallel
+    ranks: the data's sequence length must divide evenly."""
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    from convoy.strategies.tensor_parallel import model_plan
+
+    tp_size = tp_size_of(job.strategy)
+    if not any(isinstance(s, SequenceParallel) for s in model_plan(model, tp_size).values()):
+        return
+    from convoy.plan.measure import tensors_in
+
+    tokens = next((t.shape[1] for t in tensors_in(inputs) if t.dim() > 1), None)
+    if tokens is not None and tokens % tp_size:
+        raise ConfigError(
+            "strategy.tp_size",
+            tp_size,
+            f"{type(model).__name__}'s plan cuts each sequence over the tensor-parallel ranks "
+            f"(sequence parallelism), and the data's sequences have {tokens} tokens; use a "
+            f"sequence length that {tp_size} divides",
+        )
 
 
 def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:

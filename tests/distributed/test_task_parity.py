@@ -145,13 +145,19 @@ def test_lm_losses_match_single_under_hsdp(
     assert step_losses(job) == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.parametrize(
+    ("workers", "extra"),
+    [(4, []), (2, ["run.compile=true", "strategy.activation_checkpointing=full"])],
+    ids=["2x2", "tp2-compiled-checkpointed"],
+)
 def test_lm_losses_match_single_under_tensor_parallel(
-    reference: tuple[list[float], dict], tmp_path: Path
+    workers: int, extra: list[str], reference: tuple[list[float], dict], tmp_path: Path
 ) -> None:
-    """Ragged token counts, 2 data-parallel ranks x tp 2: each pair counts its tokens once."""
+    """Ragged token counts, data-parallel ranks x tp 2 with GPT's sequence-parallel norms:
+    each pair counts its tokens once; and with its blocks compiled and checkpointed."""
     expected, single_summary = reference
-    job = lm_job(tmp_path, "fsdp2", 4, ["strategy.tp_size=2"])
-    summaries = run_on_gloo(train_on_rank, 4, job)
+    job = lm_job(tmp_path, "fsdp2", workers, ["strategy.tp_size=2", *extra])
+    summaries = run_on_gloo(train_on_rank, workers, job)
     assert step_losses(job) == pytest.approx(expected, rel=1e-5)
     single = single_summary["metrics"]
     for key in ("train/tokens", "val/tokens", "test/tokens", "test/samples"):

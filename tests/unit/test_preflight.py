@@ -293,12 +293,16 @@ def test_tensor_parallel_is_refused_before_any_worker(user_module: str) -> None:
         ]
     )
     assert width == "strategy.tp_size: got 3; GPT: the model's MLP width 100 does not split over 3"
+    odd = check([*gpt, *tensor_parallel(2, 2), "data.kwargs.seq_len=33"])
+    assert odd.startswith("strategy.tp_size: got 2; GPT's plan cuts each sequence")
+    assert "the data's sequences have 33 tokens" in odd
     data = f"data.name={user_module}:three_classes"
     no_plan = check([data, f"model.name={user_module}:mlp_64", *tensor_parallel(2, 2)])
     assert no_plan.startswith("strategy.tp_size: got 2; Sequential states no tensor-parallel plan")
     assert "tensor_parallel_plan(self, tp_size)" in no_plan
-    # The same jobs without tensor parallelism pass.
+    # The same jobs without tensor parallelism pass, and GPT with tp 2 on 32 tokens.
     preflight(load_job(None, [*BASE, *gpt]))
+    preflight(load_job(None, [*BASE, *gpt, *tensor_parallel(2, 2)]))
     preflight(load_job(None, [*BASE, data, f"model.name={user_module}:mlp_64"]))
 
 

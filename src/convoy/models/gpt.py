@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from convoy.models.attention import SelfAttention
-from convoy.models.tensor_parallel import pre_norm_block_plan
+from convoy.models.tensor_parallel import sequence_parallel_block_plan
 
 INIT_STD = 0.02
 """GPT-2's standard deviation for every weight matrix and embedding."""
@@ -111,9 +111,9 @@ class GPT(nn.Module):
         return self.head(self.norm(x))
 
     def tensor_parallel_plan(self, tp_size: int) -> dict[str, Any]:
-        """Megatron's split of each block over ``tp_size`` ranks
-        (``convoy.models.tensor_parallel``)."""
-        return pre_norm_block_plan(self.blocks, tp_size)
+        """Megatron's split of each block over ``tp_size`` ranks, with sequence-parallel
+        norms (``convoy.models.tensor_parallel``)."""
+        return sequence_parallel_block_plan(self.blocks, tp_size)
 
 
 # Registered presets: ``functools.partial`` keeps GPT's signature, so the registry can check a

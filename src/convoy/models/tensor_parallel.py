@@ -46,3 +46,39 @@ def pre_norm_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[str, Any]:
         "blocks.*.mlp.0": ColwiseParallel(),
         "blocks.*.mlp.2": RowwiseParallel(),
     }
+
+
+def sequence_parallel_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[str, Any]:
+    """``pre_norm_block_plan`` with sequence parallelism, as TorchTitan's ``parallelize``:
+    between the split layers the residual stream is cut along the sequence (dim 1), so each
+    rank normalizes and keeps 1 / tp of the tokens; it is all-gathered into each attention
+    and MLP, and the row-wise outputs are reduce-scattered back (the same bytes as the
+    all-reduce they replace). The first block cuts the stream; the model's final ``norm``
+    gathers it back. Needs sequences whose length ``tp_size`` divides."""
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
+
+    def gathered(local: bool = False) -> PrepareModuleInput:
+        """The sequence-cut stream all-gathered whole (into a split layer, or the end)."""
+        return PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=local
+        )
+
+    plan = pre_norm_block_plan(blocks, tp_size)
+    plan |= {
+        "blocks.0": PrepareModuleInput(
+            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+        "blocks.*.norm1": SequenceParallel(),
+        "blocks.*.attn": gathered(),
+        "blocks.*.attn.proj": RowwiseParallel(output_layouts=Shard(1)),
+        "blocks.*.norm2": SequenceParallel(),
+        "blocks.*.mlp": gathered(),
+        "blocks.*.mlp.2": RowwiseParallel(output_layouts=Shard(1)),
+        "norm": gathered(local=True),
+    }
+    return plan

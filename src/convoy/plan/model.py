@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import math
+import sys
 import warnings
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -230,3 +231,21 @@ def fake_process_group(world_size: int, needed: bool = True) -> Iterator[None]:
         yield
     finally:
         dist.destroy_process_group()
+        _forget_dtensor_plans()
+
+
+def _forget_dtensor_plans() -> None:
+    """Drop DTensor's cached sharding and redistribution plans. They key on meshes by value
+    and keep the mesh they were made on: a later group's mesh of the same shape and names
+    (one layout's ``shard x tp`` is another's whole mesh) would run its collectives on the
+    destroyed group's names."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return
+    from torch.distributed.tensor import DTensor
+    from torch.distributed.tensor._redistribute import _gen_transform_infos
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    propagator.propagate_op_sharding.cache_clear()
+    propagator._propagate_tensor_meta_cached.cache_clear()
+    _gen_transform_infos.cache_clear()
+    torch._C._clear_DTensor_sharding_propagator_cache()  # the C++ dispatch's own copy
