@@ -96,8 +96,14 @@ def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:
     linear the model's plan splits column-wise has ``out_features / tp`` (its heads or hidden
     units), each row-wise one ``in_features / tp``; the rest is whole. Its parameters, the
     activations it saves and its optimizer state are a tensor-parallel rank's (the split
-    attention sees its own heads); in place."""
-    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+    attention sees its own heads). Sequence parallelism is played by hooks with the same
+    tensors' sizes: the stream cut to 1 / tp of the tokens, gathered whole (a new tensor) into
+    the split layers, their row-wise outputs reduce-scattered (a new tensor) back; in place."""
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
 
     from convoy.strategies.tensor_parallel import model_plan
 
@@ -105,23 +111,50 @@ def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:
     names = dict(model.named_modules())
     for pattern, style in plan.items():
         for path in fnmatch.filter(names, pattern):
-            linear = names[path]
-            if not isinstance(linear, nn.Linear) or type(style) not in (
+            module = names[path]
+            if isinstance(style, PrepareModuleInput):
+                _play_input_layouts(module, style, tp_size)
+                continue
+            if not isinstance(module, nn.Linear) or type(style) not in (
                 ColwiseParallel,
                 RowwiseParallel,
             ):
                 continue
             columns = type(style) is ColwiseParallel
             narrow = nn.Linear(
-                linear.in_features if columns else linear.in_features // tp_size,
-                linear.out_features // tp_size if columns else linear.out_features,
-                bias=linear.bias is not None,
-                device=linear.weight.device,
-                dtype=linear.weight.dtype,
+                module.in_features if columns else module.in_features // tp_size,
+                module.out_features // tp_size if columns else module.out_features,
+                bias=module.bias is not None,
+                device=module.weight.device,
+                dtype=module.weight.dtype,
             )
+            if not columns and _is_shard(style.output_layouts[0]):  # reduce-scattered
+                narrow.register_forward_hook(lambda _, args, out: _cut(out, tp_size))
             parent, _, child = path.rpartition(".")
             setattr(model.get_submodule(parent), child, narrow)
     return model
+
+
+def _play_input_layouts(module: nn.Module, style: Any, tp_size: int) -> None:
+    """A ``PrepareModuleInput`` between the whole and the sequence-cut stream, by sizes."""
+    source, target = style.input_layouts[0], style.desired_input_layouts[0]
+    if _is_shard(target) and not _is_shard(source):
+        module.register_forward_pre_hook(lambda _, args: (_cut(args[0], tp_size), *args[1:]))
+    elif _is_shard(source) and not _is_shard(target):
+        module.register_forward_pre_hook(
+            lambda _, args: (torch.cat([args[0]] * tp_size, dim=1), *args[1:])
+        )
+
+
+def _is_shard(placement: Any) -> bool:
+    from torch.distributed.tensor import Shard
+
+    return isinstance(placement, Shard) and placement.dim == 1
+
+
+def _cut(tensor: torch.Tensor, tp_size: int) -> torch.Tensor:
+    """One rank's 1 / tp of the tokens (dim 1), as a tensor of its own."""
+    return tensor[:, : tensor.shape[1] // tp_size].contiguous()
 
 
 def to_fake(model: nn.Module, device: torch.device) -> nn.Module:
