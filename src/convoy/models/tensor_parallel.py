@@ -5,9 +5,11 @@ path component) -> a ``torch.distributed.tensor.parallel`` style, as ``paralleli
 takes them. The plan here is Megatron's, as TorchTitan writes it: in each block the q, k and v
 projections and the MLP's first linear are split column-wise (each rank computes its own heads
 and its own hidden units), the attention output and the MLP's second linear row-wise (their
-partial sums are all-reduced into the residual stream). The blocks' norms stay whole on every
-rank (``ReplicateParallel``: traceable inside a compiled, checkpointed block), and so does
-everything outside the blocks (embeddings, the final norm, the head).
+partial sums are all-reduced into the residual stream). ``gpt`` adds sequence parallelism
+(``sequence_parallel_block_plan``); ``vit_*`` keeps the blocks' norms whole on every rank
+(``ReplicateParallel``: traceable inside a compiled, checkpointed block), since its 65 (or
+17) tokens do not split. Everything outside the blocks (embeddings, the final norm, the
+head) stays whole.
 """
 
 from __future__ import annotations
