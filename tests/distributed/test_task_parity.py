@@ -145,6 +145,16 @@ def test_lm_losses_match_single_under_hsdp(
     assert step_losses(job) == pytest.approx(expected, rel=1e-5)
 
 
+def test_lm_losses_match_single_under_hsdp_with_tensor_parallel(
+    reference: tuple[list[float], dict], tmp_path: Path
+) -> None:
+    """8 ranks as 2 replicas x 2 shards x tp 2 (a 3-D mesh): still the global mean."""
+    expected, _ = reference
+    job = lm_job(tmp_path, "hsdp", 8, ["strategy.tp_size=2", "strategy.shard_size=2"])
+    run_on_gloo(train_on_rank, 8, job)
+    assert step_losses(job) == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize(
     ("workers", "extra"),
     [(4, []), (2, ["run.compile=true", "strategy.activation_checkpointing=full"])],
