@@ -1091,6 +1091,10 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
         known = sorted(parent_model.model_fields) if parent_model else []
         guess = difflib.get_close_matches(loc[-1], known, n=1, cutoff=0.5)
         hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+        if loc[:1] == ["strategy"] and len(loc) == 2:
+            owners = [name for name, m in STRATEGY_MODELS.items() if loc[1] in m.model_fields]
+            if owners:  # another strategy's option, e.g. fsdp2's tp_size under ddp
+                hint = f" for this strategy (an option of {' and '.join(map(repr, owners))})"
         return ConfigError(field, value, f"unknown key{hint}; {one_of(known)}")
     if kind == "union_tag_invalid":
         return ConfigError(field + ".name", err["ctx"]["tag"], one_of(STRATEGY_NAMES))

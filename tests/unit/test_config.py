@@ -71,6 +71,11 @@ BAD_INPUTS = [
     (["model.name=resnet"], "model.name", "'vit_course', 'vit_tiny'"),
     (["data.name=mnist"], "data.name", "'digits', 'imagefolder', 'numpy', 'parquet'"),
     (["optim.wieght_decay=0.1"], "optim.wieght_decay", "did you mean 'weight_decay'"),
+    (
+        ["strategy.name=ddp", "strategy.tp_size=2"],
+        "strategy.tp_size",
+        "an option of 'fsdp2' and 'hsdp'",
+    ),
     (["optimizer.lr=0.1"], "optimizer", "did you mean 'optim'"),
     (["optim.lr=fast"], "optim.lr", "valid number"),
     (["run.epochs=many"], "run.epochs", "valid integer"),
