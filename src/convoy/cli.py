@@ -21,7 +21,7 @@ from typing import Any
 
 from convoy.commands import add_override_arg
 from convoy.commands import add_parsers as add_command_parsers
-from convoy.config import Job, job_to_yaml, load_job
+from convoy.config import Job, job_to_yaml, layout_name, load_job
 from convoy.engine.progress import PERCENT_METRICS
 from convoy.errors import ConvoyError
 
@@ -276,7 +276,8 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
     lines += [
         "",
         f"{summary.get('task', 'classification')}: "
-        f"{summary['strategy']} x {summary['world_size']} on {summary['launcher']}, "
+        f"{layout_name(summary['strategy'], summary.get('tp_size', 1))} x "
+        f"{summary['world_size']} on {summary['launcher']}, "
         f"{summary['precision']}, {summary['steps']} steps",
         f"wall {summary['wall_seconds']:.1f} s | {summary['samples_per_second']:,.0f} samples/s | "
         + (

@@ -595,6 +595,7 @@ def _summary(
     return {
         "run_name": job.run.name,
         "strategy": job.strategy.name,
+        "tp_size": tp_size_of(job.strategy),
         "launcher": job.scaling.launcher,
         "world_size": ctx.world_size,
         "precision": job.precision,
