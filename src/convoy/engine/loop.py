@@ -29,7 +29,14 @@ from convoy.checkpoint import (
     checkpoint_path,
     partial_checkpoints,
 )
-from convoy.config import Job, MonitorConfig, layout_name, micro_batch, tp_size_of
+from convoy.config import (
+    DataParallelRank,
+    Job,
+    MonitorConfig,
+    layout_name,
+    micro_batch,
+    tp_size_of,
+)
 from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_worker_data
 from convoy.data.registry import load_splits
 from convoy.distributed import (
@@ -136,6 +143,8 @@ class TrainState(StepParts):
     metrics: MetricsManager
     rank: int = 0
     world_size: int = 1
+    share: DataParallelRank = field(default_factory=lambda: DataParallelRank(0, 1, counts=True))
+    """This rank's share of each global batch (the ranks of a tensor-parallel group read one)."""
     attempt: int = 1
     data_shape: dict[str, int] = field(default_factory=dict)
     data_fingerprint: str | None = None
@@ -199,7 +208,8 @@ def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
 def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     timers = Timers()
     seed_everything(job.run.seed)
-    data = _worker_data(job, ctx)
+    share = job.strategy.data_parallel_rank(ctx.rank, ctx.world_size)
+    data = _worker_data(job, ctx, share)
     steps_per_epoch = len(data.train) // job.optim.grad_accum_steps
     if steps_per_epoch == 0:
         raise ConfigError(
@@ -211,7 +221,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     total_steps = job.run.epochs * steps_per_epoch
     if job.run.max_steps is not None:
         total_steps = min(total_steps, job.run.max_steps)
-    state = _build_state(job, ctx, data, strategy, total_steps)
+    state = _build_state(job, ctx, data, strategy, total_steps, share)
     state.timers = timers
     name = device_name(ctx.device)
     state.throughput = Throughput(name, peak_flops(name, job.precision))
@@ -244,11 +254,11 @@ def _train_and_summarize(
         state.attempt = next_attempt(storage, ctx.is_main)
     start = _restore(job, ctx, state, storage)
     sizes = data.sizes
+    layout = layout_name(job.strategy.name, tp_size_of(job.strategy))
     header = (
         f"convoy: {job.model.name} ({count_parameters(state.strategy.unwrap(state.model)):,} "
         f"params on rank 0) | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
-        f"{sizes['val']} val / {sizes['test']} test | {layout_name(job.strategy.name, tp_size_of(job.strategy))} x "
-        f"{ctx.world_size} | "
+        f"{sizes['val']} val / {sizes['test']} test | {layout} x {ctx.world_size} | "
         f"{job.precision} | global batch {job.data.batch_size} | {total_steps} steps"
     )
     state.events.emit(
@@ -362,11 +372,11 @@ def _epoch_checkpoint_due(job: Job, epoch: int) -> bool:
     return every is not None and (epoch + 1) % every == 0
 
 
-def _worker_data(job: Job, ctx: WorkerContext) -> WorkerData:
-    """The launcher's prepared data (Ray Data shards), or DataLoaders built here."""
+def _worker_data(job: Job, ctx: WorkerContext, share: DataParallelRank) -> WorkerData:
+    """The launcher's prepared data (Ray Data shards), or DataLoaders built here for this
+    rank's ``share`` of each batch."""
     if ctx.data is not None:
         return ctx.data
-    share = job.strategy.data_parallel_rank(ctx.rank, ctx.world_size)
     return torch_worker_data(
         load_splits(job.data),
         job.data.batch_size,
@@ -381,7 +391,12 @@ def _worker_data(job: Job, ctx: WorkerContext) -> WorkerData:
 
 
 def _build_state(
-    job: Job, ctx: WorkerContext, data: WorkerData, strategy: Strategy, total_steps: int
+    job: Job,
+    ctx: WorkerContext,
+    data: WorkerData,
+    strategy: Strategy,
+    total_steps: int,
+    share: DataParallelRank,
 ) -> TrainState:
     shape = data.shape
     task = build_task(job.task.name, job.task.kwargs)
@@ -392,6 +407,7 @@ def _build_state(
     return TrainState(
         rank=ctx.rank,
         world_size=ctx.world_size,
+        share=share,
         data_shape=shape,
         data_fingerprint=data.meta.get("fingerprint"),
         job_record=job.model_dump(mode="json"),
@@ -401,13 +417,7 @@ def _build_state(
         strategy=strategy,
         precision=Precision(dtype_from_name(job.precision), ctx.device, strategy),
         task=task,
-        metrics=MetricsManager(
-            task,
-            shape,
-            ctx.device,
-            data.meta,
-            counts=job.strategy.data_parallel_rank(ctx.rank, ctx.world_size).counts,
-        ),
+        metrics=MetricsManager(task, shape, ctx.device, data.meta, counts=share.counts),
     )
 
 
@@ -466,8 +476,7 @@ def _optimizer_step(
     device = state.strategy.device
     micro_batches = [(move_to(x, device), move_to(y, device)) for x, y in micro_batches]
     hooks = _LoopHooks(job, state)
-    share = job.strategy.data_parallel_rank(state.rank, state.world_size)
-    result = train_step(state, micro_batches, share, job.optim.grad_clip_norm, hooks)
+    result = train_step(state, micro_batches, state.share, job.optim.grad_clip_norm, hooks)
     return result.loss_sum, result.global_count, hooks.timer.seconds()
 
 
