@@ -332,6 +332,7 @@ class CheckpointManager:
         meta = read_meta(self.storage, name)
         model_state, optim_state = get_state_dict(model, optimizer)
         with local_copy(self.storage, name) as path:
+            check_model_keys(path, name, set(model_state))
             dcp.load(
                 {"model": model_state, "optim": optim_state},
                 checkpoint_id=path,
@@ -344,6 +345,31 @@ class CheckpointManager:
         if meta["world_size"] == self.ctx.world_size and rng is not None:
             _set_rng_state(rng)
         return name, meta
+
+
+class CheckpointMismatchError(ConvoyError):
+    """A checkpoint holds another model's parameters than the one resuming from it."""
+
+
+def check_model_keys(path: Path, name: str, wanted: set[str]) -> None:
+    """Refuse, in one line, to resume a model from checkpoint ``name`` (at ``path``) that
+    lacks some of its parameters (``wanted``: their names), before DCP's own error."""
+    saved = dcp.FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    held = {key.removeprefix("model.") for key in saved if key.startswith("model.")}
+    missing, extra = sorted(wanted - held), sorted(held - wanted)
+    if not missing:
+        return
+
+    def some(keys: list[str]) -> str:
+        return keys[0] + (f" and {len(keys) - 1} more" if len(keys) > 1 else "")
+
+    holds = f" and holds {some(extra)}" if extra else ""
+    raise CheckpointMismatchError(
+        f"checkpoint {name} does not fit this model: it lacks {some(missing)}{holds}. It was "
+        "written by another model (model.name / model.kwargs), or by a Convoy from before "
+        "the gpt and vit_* attention's qkv became q, k and v; resume it with what wrote it, "
+        "or train under a new run.name (this run's checkpoints are kept)"
+    )
 
 
 def _first_line(exc: BaseException) -> str:

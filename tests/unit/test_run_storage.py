@@ -9,7 +9,12 @@ import pytest
 import torch
 from torch import nn
 
-from convoy.checkpoint import CheckpointManager, Position, committed_checkpoints
+from convoy.checkpoint import (
+    CheckpointManager,
+    CheckpointMismatchError,
+    Position,
+    committed_checkpoints,
+)
 from convoy.distributed import WorkerContext
 from convoy.storage import RunStorage, StorageError
 
@@ -83,3 +88,23 @@ def test_resume_prefers_the_checkpoint_the_launcher_names(storage: RunStorage) -
     restored = manager.load_latest(model, optimizer, preferred="step_00000009")  # not committed
     assert restored is not None and restored[0] == "step_00000002"
     assert torch.equal(model.weight, weights[1])
+
+
+def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path: Path) -> None:
+    """A model that changed under the same run name (or a checkpoint from before a model's
+    parameters were renamed) is named, not left to DCP's missing-key traceback; nothing is
+    deleted."""
+    storage = RunStorage.at(tmp_path / "run")
+    save_two(storage)
+    other = nn.Sequential(nn.Linear(4, 2))  # parameters 0.weight, 0.bias
+    optimizer = torch.optim.SGD(other.parameters(), lr=0.1)
+    manager = CheckpointManager(storage, WorkerContext(), keep_latest=2)
+    with pytest.raises(CheckpointMismatchError) as info:
+        manager.load_latest(other, optimizer)
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith(
+        "checkpoint step_00000002 does not fit this model: it lacks 0.bias and 1 more and "
+        "holds bias and 1 more."
+    )
+    assert committed_checkpoints(storage) == ["step_00000001", "step_00000002"]
