@@ -6,7 +6,6 @@ one rank's shard sizes, and a fake process group for sharding without workers.
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import math
 import sys
 import warnings
@@ -105,13 +104,11 @@ def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:
         RowwiseParallel,
     )
 
-    from convoy.strategies.tensor_parallel import model_plan
+    from convoy.strategies.tensor_parallel import model_plan, planned_modules
 
     plan = model_plan(model, tp_size)
-    names = dict(model.named_modules())
     for pattern, style in plan.items():
-        for path in fnmatch.filter(names, pattern):
-            module = names[path]
+        for path, module in planned_modules(model, pattern).items():
             if isinstance(style, PrepareModuleInput):
                 _play_input_layouts(module, style, tp_size)
                 continue

@@ -77,9 +77,8 @@ def check_plan(model: nn.Module, plan: dict[str, Any], tp_size: int) -> None:
     """Every planned path names a module, and every linear it splits splits evenly."""
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
-    names = dict(model.named_modules())
     for pattern, style in plan.items():
-        matched = [names[path] for path in fnmatch.filter(names, pattern) if path]
+        matched = list(planned_modules(model, pattern).values())
         if not matched:
             raise ConfigError(
                 "strategy.tp_size",
@@ -99,6 +98,19 @@ def check_plan(model: nn.Module, plan: dict[str, Any], tp_size: int) -> None:
                     tp_size,
                     f"must divide {pattern}'s {field} ({size}), which the plan splits",
                 )
+
+
+def planned_modules(model: nn.Module, pattern: str) -> dict[str, nn.Module]:
+    """The modules a plan's path names, by path: ``*`` matches one path component, as in
+    ``parallelize_module``."""
+    parts = pattern.split(".")
+    return {
+        path: module
+        for path, module in model.named_modules()
+        if path
+        and len(path.split(".")) == len(parts)
+        and all(map(fnmatch.fnmatchcase, path.split("."), parts))
+    }
 
 
 def apply_tensor_parallel(model: nn.Module, mesh: DeviceMesh) -> nn.Module:
