@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from convoy.commands import add_override_arg
 from convoy.commands import add_parsers as add_command_parsers
 from convoy.config import Job, job_to_yaml, layout_name, load_job
 from convoy.engine.progress import PERCENT_METRICS
+from convoy.engine.stop import STOPPED_EXIT_CODE, StopRequested
 from convoy.errors import ConvoyError
 
 EXAMPLES = """\
@@ -605,6 +607,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     try:
         return handler(args)
+    except StopRequested as exc:
+        command = shlex.join(["convoy", *(sys.argv[1:] if argv is None else argv)])
+        again = "to resume" if exc.saved else "to start again"
+        print(f"convoy: {exc}\nconvoy: {again}: {command}", file=sys.stderr)
+        return STOPPED_EXIT_CODE
     except ConvoyError as exc:
         print(f"convoy: error: {exc}", file=sys.stderr)
         return 2

@@ -15,7 +15,7 @@ import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 import torch
@@ -26,6 +26,7 @@ from convoy.checkpoint import (
     BestPolicy,
     CheckpointManager,
     Position,
+    checkpoint_name,
     checkpoint_path,
     partial_checkpoints,
 )
@@ -73,6 +74,7 @@ from convoy.engine.monitor import ForwardTimer, StragglerWatch, gather_rank_stat
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.sinks import build_sinks
 from convoy.engine.step import StepHooks, StepParts, train_step
+from convoy.engine.stop import STOPPED_FILE, StopRequested, StopWatch
 from convoy.errors import ConfigError
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model, count_parameters
@@ -145,6 +147,7 @@ class TrainState(StepParts):
     world_size: int = 1
     share: DataParallelRank = field(default_factory=lambda: DataParallelRank(0, 1, counts=True))
     """This rank's share of each global batch (the ranks of a tensor-parallel group read one)."""
+    stop: StopWatch = field(default_factory=StopWatch)
     attempt: int = 1
     data_shape: dict[str, int] = field(default_factory=dict)
     data_fingerprint: str | None = None
@@ -231,7 +234,12 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
     try:
         steps = (steps_per_epoch, total_steps)
-        summary = _train_and_summarize(job, ctx, state, data, storage, outputs, steps)
+        with state.stop.installed():
+            summary = _train_and_summarize(job, ctx, state, data, storage, outputs, steps)
+    except StopRequested as stopped:
+        if ctx.is_main:
+            storage.write_text(STOPPED_FILE, str(stopped))
+        raise
     finally:
         state.events.close()
     return summary
@@ -309,6 +317,8 @@ def _run_epochs(
         state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
+        if state.step < total_steps and state.stop.agreed(state.strategy.device):
+            _stop_after_step(state, epoch, steps_per_epoch)  # asked during evaluation
     final |= _evaluate(state, data.test, "test", ctx)
     # The final checkpoint records the test metrics, so an export can be checked against them.
     # It is synchronous, and first commits any background save still in flight.
@@ -462,6 +472,28 @@ def _train_epoch(
         if every and state.step % every == 0 and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
         maybe_inject(job.fault, state.step, state.rank, state.attempt)
+        if state.step < total_steps and state.stop.agreed(state.strategy.device):
+            _stop_after_step(state, epoch, steps_per_epoch)
+
+
+def _stop_after_step(state: TrainState, epoch: int, steps_per_epoch: int) -> NoReturn:
+    """Save the step just finished (unless it is saved) and stop with ``StopRequested``."""
+    started = time.perf_counter()
+    state.save_checkpoint(epoch, steps_per_epoch)
+    if state.checkpoints is None:
+        saved = (
+            "checkpointing is off (neither checkpoint.every_steps nor every_epochs is set), "
+            "so nothing was saved"
+        )
+    else:
+        state.checkpoints.wait()
+        saved = (
+            f"checkpoint {checkpoint_name(state.step)} committed in "
+            f"{time.perf_counter() - started:.1f} s; the same command resumes from it"
+        )
+    message = f"stopped on {state.stop.describe()} after step {state.step}: {saved}"
+    state.events.message(f"convoy: {message}")
+    raise StopRequested(message, saved=state.checkpoints is not None)
 
 
 def _optimizer_step(

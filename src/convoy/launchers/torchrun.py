@@ -20,6 +20,7 @@ from pathlib import Path
 
 from convoy.config import Job, job_to_yaml, load_job, nodes_range, torchrun_layout
 from convoy.distributed import WorkerContext, exit_without_teardown
+from convoy.engine.stop import STOPPED_EXIT_CODE, STOPPED_FILE, StopRequested, forwarded_to
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import (
     TRAIN,
@@ -132,15 +133,20 @@ class TorchrunLauncher(Launcher):
         max_nodes = nodes_range(nnodes_argument(job))[1]
         check_shared_storage(job, max_nodes, f"--nnodes {nnodes_argument(job)}")
         storage = write_config(job)
+        storage.delete(STOPPED_FILE)  # a stop of an earlier attempt is not this one's
         endpoint = rendezvous_endpoint(job)
         with tempfile.TemporaryDirectory(prefix="convoy-torchrun-") as scratch:
             # Workers read the resolved config from a local file, wherever the run is stored.
             config_path = Path(scratch) / CONFIG_FILE
             config_path.write_text(job_to_yaml(job))
-            returncode = subprocess.call(
+            process = subprocess.Popen(
                 torchrun_command(job, config_path, endpoint, entry),
                 env=worker_environment(job, endpoint),
             )
+            with forwarded_to(process):
+                returncode = process.wait()
+        if returncode != 0 and storage.exists(STOPPED_FILE):
+            raise StopRequested(storage.read_text(STOPPED_FILE))
         if returncode != 0:
             raise LaunchError(
                 f"torchrun exited with code {returncode}; the workers' output is above"
@@ -168,6 +174,10 @@ def worker_main(argv: list[str]) -> None:
     entry = WorkerEntry.from_dict(json.loads(argv[1])) if len(argv) > 1 else TRAIN
     try:
         entry.run(job, worker_context_from_env(job))
+    except StopRequested:
+        # Saved and stopped on a request: an exit the agent restarts (--max-restarts) and
+        # the launcher reads from STOPPED_FILE, without a traceback.
+        exit_without_teardown(STOPPED_EXIT_CODE)
     except BaseException:
         # Fail fast: peers blocked in a collective see the connection drop at once.
         traceback.print_exc()
