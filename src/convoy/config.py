@@ -533,6 +533,11 @@ class RunConfig(Section):
     compile: bool = False
     """``torch.compile`` each of the model's ``blocks`` (each block's forward, whole graph),
     before sharding; the time spent compiling is reported apart from the step time."""
+    stop_on_signal: bool = True
+    """SIGTERM, SIGUSR1 or Ctrl-C (a spot notice, a scheduler, a user) save the step just
+    finished and stop the run, resumable, exit code 75; the ranks agree on it with one
+    one-element all-reduce per step. false: a signal ends the workers as it would any
+    program."""
 
     @field_validator("storage_dir")
     @classmethod

@@ -231,6 +231,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
     state.stragglers = StragglerWatch(job.monitor)
+    state.stop = StopWatch(enabled=job.run.stop_on_signal)
     state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
     try:
         steps = (steps_per_epoch, total_steps)

@@ -1,9 +1,9 @@
 """Stop requests: a signal (a spot or scheduler notice, ``kill -TERM``, Ctrl-C) turned into a
 checkpoint of the step just finished and a clean, resumable exit.
 
-A signal only sets a flag (``StopWatch``). At the next step boundary every rank asks whether
-any rank was asked to stop (``StopWatch.agreed``: one small all-reduce), so all of them stop
-after the same step; the loop then saves that step's checkpoint (committed atomically, as
+A signal only sets a flag (``StopWatch``). At each step boundary every rank asks whether
+any rank was asked to stop (``StopWatch.agreed``: one small all-reduce, overlapped with the
+next step), so all of them stop after the same step; the loop then saves that step's checkpoint (committed atomically, as
 every checkpoint is) and raises ``StopRequested``. ``convoy train`` prints how to resume and
 exits with ``STOPPED_EXIT_CODE``; a torchrun worker exits with it too, so ``--max-restarts``
 restarts from the checkpoint. Running the same command again resumes with no step lost and
@@ -24,8 +24,9 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
-from convoy.distributed import all_reduce_sum
+from convoy.distributed import is_distributed
 from convoy.errors import ConvoyError
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -81,15 +82,29 @@ def _handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
 class StopWatch:
     """Records the first stop signal this process gets; ``agreed`` shares it with the others."""
 
-    def __init__(self) -> None:
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        """False (``run.stop_on_signal: false``): no handlers, and nothing to agree on."""
         self.signal_name: str | None = None
         self.received_at: float | None = None
+        self._pending: tuple[torch.Tensor, Any] | None = None
+        """The flags summed in the background since the last call, and their work handle."""
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopWatch]:
-        """Record ``STOP_SIGNALS`` while inside, then restore the handlers that were there."""
-        with _handling(self._record):
+        """Record ``STOP_SIGNALS`` while inside, then restore the handlers that were there.
+        Off the main thread (Ray Train's workers run the loop in a thread of their own) no
+        signal can arrive: nothing to agree on either, on every rank alike."""
+        if threading.current_thread() is not threading.main_thread():
+            self.enabled = False
+        if not self.enabled:
             yield self
+            return
+        try:
+            with _handling(self._record):
+                yield self
+        finally:
+            self.settle()
 
     def _record(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.signal_name is not None:
@@ -99,10 +114,30 @@ class StopWatch:
             self.received_at = time.monotonic()
 
     def agreed(self, device: torch.device) -> bool:
-        """Whether any rank was asked to stop: the same answer on every rank (a collective:
-        every rank calls it at the same step boundaries)."""
+        """Whether any rank had been asked to stop by the previous call: the same answer on
+        every rank (a collective: every rank calls it at the same step boundaries).
+
+        The ranks' flags are summed in the background (an asynchronous one-element
+        all-reduce whose latency hides behind the next step) and read at the next call, so a
+        request is acted on one step boundary later: still after a finished step, and a step
+        of a few milliseconds does not wait for a collective's round trip."""
+        if not self.enabled:
+            return False
         asked = torch.tensor(float(self.signal_name is not None), device=device)
-        return bool(all_reduce_sum(asked).item() > 0)
+        if not is_distributed():
+            return bool(asked.item() > 0)
+        previous, self._pending = self._pending, (asked, dist.all_reduce(asked, async_op=True))
+        if previous is None:
+            return False
+        flags, work = previous
+        work.wait()
+        return bool(flags.item() > 0)
+
+    def settle(self) -> None:
+        """Wait for the last sum in flight (before the process group goes)."""
+        if self._pending is not None:
+            self._pending[1].wait()
+            self._pending = None
 
     def describe(self) -> str:
         """What the request was and how long ago it came, for the log."""
