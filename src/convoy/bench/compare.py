@@ -49,6 +49,7 @@ from convoy.bench.runs import (
 )
 from convoy.config import STRATEGY_NAMES, Job, load_job
 from convoy.errors import ConfigError, one_of
+from convoy.plan.job import takes_tensor_parallel
 from convoy.strategies import strategy_class
 
 LOSS_RTOL = 1e-4
@@ -107,7 +108,7 @@ def parse_strategies(text: str) -> list[str]:
             raise ConfigError("--strategies", text, f"unknown {strategy!r}{hint}; {allowed}")
         unknown = [o for o in options if layout_override(o) is None]
         split = [o for o in options if TENSOR_PARALLEL.fullmatch(o)]
-        if split and "tp_size" not in strategy_class(strategy).config_model.model_fields:
+        if split and not takes_tensor_parallel(strategy):
             unknown += split
         if unknown or len(set(options)) < len(options) or len(split) > 1:
             raise ConfigError("--strategies", text, f"bad option in {name!r}; {allowed}")
