@@ -25,8 +25,9 @@ import random
 import re
 import shutil
 import tempfile
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -163,6 +164,9 @@ class _PendingSave:
     meta: dict[str, Any]
     name: str
     written_to: Path
+    started: float
+    written: list[float] = field(default_factory=list)
+    """When the background write finished (``time.perf_counter()``), once it has."""
 
 
 class CheckpointManager:
@@ -190,6 +194,11 @@ class CheckpointManager:
         """Told of every commit (path relative to the run, the checkpoint's meta), every rank."""
         self._pending: _PendingSave | None = None
         self._group: Any = None
+        self.save_seconds: float | None = None
+        """How long the last committed save took on this rank, from its start to its commit
+        (an asynchronous one: to the end of its background write, plus the commit); read
+        back from the checkpoint's meta after a resume. What a stop with a deadline weighs
+        against the time it has left."""
 
     def save(
         self,
@@ -206,6 +215,7 @@ class CheckpointManager:
         next save (and the end of training) calls first.
         """
         self.wait()
+        started = time.perf_counter()
         name = checkpoint_name(position.step)
         if self.ctx.is_main:
             with self._storage_errors(name):
@@ -232,11 +242,18 @@ class CheckpointManager:
                 process_group=self._background_group(),
                 no_dist=not is_distributed(),
             )
-            self._pending = _PendingSave(future, meta, name, written_to)
+            pending = _PendingSave(future, meta, name, written_to, started)
+            # A plain Future here (no staging future was asked for).
+            future.add_done_callback(  # type: ignore[union-attr]
+                lambda _: pending.written.append(time.perf_counter())
+            )
+            self._pending = pending
             return name
         with self._storage_errors(name):
             dcp.save(state, checkpoint_id=written_to, no_dist=not is_distributed())
+        meta["save_seconds"] = time.perf_counter() - started
         self._publish(meta, name, written_to)
+        self.save_seconds = time.perf_counter() - started
         return name
 
     def wait(self) -> None:
@@ -246,7 +263,11 @@ class CheckpointManager:
         pending, self._pending = self._pending, None
         with self._storage_errors(pending.name):
             pending.future.result()
+        writing = (pending.written or [time.perf_counter()])[0] - pending.started
+        pending.meta["save_seconds"] = writing
+        committing = time.perf_counter()
         self._publish(pending.meta, pending.name, pending.written_to)
+        self.save_seconds = writing + time.perf_counter() - committing
 
     def _staging_dir(self, name: str) -> Path:
         return Path(tempfile.mkdtemp(prefix=f"convoy-{name}-rank{self.ctx.rank}-"))
@@ -344,6 +365,7 @@ class CheckpointManager:
         set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
         if meta["world_size"] == self.ctx.world_size and rng is not None:
             _set_rng_state(rng)
+        self.save_seconds = meta.get("save_seconds")
         return name, meta
 
 

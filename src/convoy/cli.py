@@ -610,7 +610,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StopRequested as exc:
         command = shlex.join(["convoy", *(sys.argv[1:] if argv is None else argv)])
         again = "to resume" if exc.saved else "to start again"
-        print(f"convoy: {exc}\nconvoy: {again}: {command}", file=sys.stderr)
+        shown = "" if exc.shown else f"convoy: {exc}\n"
+        print(f"{shown}convoy: {again}: {command}", file=sys.stderr)
         return STOPPED_EXIT_CODE
     except ConvoyError as exc:
         print(f"convoy: error: {exc}", file=sys.stderr)

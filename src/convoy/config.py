@@ -462,6 +462,10 @@ class ScalingConfig(Section):
     """torch intra-op threads per worker; default: the node's cores / local workers."""
     max_failures: Annotated[int, Field(ge=0)] = 0
     """Restarts after a worker failure (Ray FailureConfig / torchrun --max-restarts)."""
+    max_preemption_failures: Annotated[int, Field(ge=-1)] = -1
+    """Ray: restarts after a node of the run was preempted (drained, then gone), counted
+    apart from ``max_failures``; -1: no limit (Ray Train's default). Under torchrun a
+    restart after a stop is one of ``--max-restarts``."""
     torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig)
     """The `ray` launcher's embedded local Ray: start-up bound and the train workers' priority."""
@@ -584,10 +588,12 @@ class CheckpointConfig(Section):
 class FaultConfig(Section):
     """Fault injection, for tests and demonstrations of recovery."""
 
-    kind: Literal["none", "raise", "kill", "hang", "slow"] = "none"
+    kind: Literal["none", "raise", "kill", "hang", "slow", "preempt"] = "none"
     """raise: an exception; kill: SIGKILL the process; hang: stop making progress; slow: from
     ``at_step`` on, this rank spends ``slow_seconds`` more on every step's forward (a straggler:
-    a slower device or a busier host)."""
+    a slower device or a busier host); preempt: this rank gets a stop notice whose deadline is
+    ``deadline_s`` away, as a spot reclaim or a scheduler's warning would give it (the run saves
+    and stops if a save fits in that time, else stops and resumes from its last checkpoint)."""
     rank: Annotated[int, Field(ge=0)] = 0
     at_step: Annotated[int, Field(gt=0)] = 1
     """Fire right after this optimizer step (and after its checkpoint, if one is due)."""
@@ -595,6 +601,8 @@ class FaultConfig(Section):
     """Fire on the first this many attempts of the run (restarts included); 0: every attempt."""
     slow_seconds: Annotated[float, Field(gt=0)] = 0.05
     """With ``kind: slow``: the delay added to each of the rank's steps."""
+    deadline_s: Annotated[float, Field(ge=0)] = 30.0
+    """With ``kind: preempt``: seconds from the notice to the (notional) kill."""
 
 
 class MlflowConfig(Section):
@@ -904,6 +912,12 @@ def check_job(job: Job) -> None:
     job.strategy.check_layout(world_sizes(job.scaling), workers_per_node(job))
     if job.fault.kind != "none" and job.fault.rank >= workers:
         raise ConfigError("fault.rank", job.fault.rank, f"ranks are 0..{workers - 1}")
+    if job.fault.kind == "preempt" and not job.run.stop_on_signal:
+        raise ConfigError(
+            "fault.kind",
+            "preempt",
+            "a stop notice needs run.stop_on_signal: true (with false, notices are ignored)",
+        )
     if (
         job.scaling.launcher == "ray"
         and job.checkpoint.keep_best

@@ -44,6 +44,9 @@ class WorkerContext:
     data: Any = None
     """Data the launcher prepared (a ``WorkerData`` of Ray Data shards); None: the engine
     builds DataLoaders itself."""
+    stop_notices: Callable[[], Any] | None = None
+    """The launcher's own stop notices (``convoy.engine.stop.NoticeSource``: Ray Train's
+    preemption notices), read at every step boundary; None: signals only."""
     sinks: tuple[Any, ...] = ()
     """The launcher's own event sinks (``convoy.engine.events.Sink``: Ray Train reports,
     Prometheus), on every rank; the launcher closes them after the entry returns."""

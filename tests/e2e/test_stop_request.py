@@ -106,3 +106,182 @@ def test_sigterm_saves_the_finished_step_and_the_same_command_resumes(
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), name
+
+
+def stop_run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
+    run = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, **kwargs)  # type: ignore[call-overload]
+    assert run.returncode == STOPPED_EXIT_CODE, run.stderr[-3000:]
+    return run
+
+
+def output_of(run: subprocess.CompletedProcess[str]) -> str:
+    return run.stdout + run.stderr
+
+
+def assert_resumes_exactly(args: list[str], run_dir: Path, straight: Path, tmp: Path) -> str:
+    """Run ``args`` again: it finishes, and its final weights equal ``straight``'s."""
+    resumed = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = final_weights(straight, tmp / "straight.pt")
+    got = final_weights(run_dir, tmp / "resumed.pt")
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+    return resumed.stdout
+
+
+def test_a_notice_to_one_rank_with_a_deadline_saves_on_every_rank(tmp_path: Path) -> None:
+    """``fault.kind: preempt`` on rank 1 of 2: rank 0 learns of it at the next boundary,
+    both save the same step well before the deadline, and the resume repeats no step."""
+    layout = LAYOUTS["torchrun"]
+    subprocess.run(
+        command(tmp_path, "straight", layout),
+        check=True,
+        capture_output=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    notice = ("fault.kind=preempt", "fault.rank=1", "fault.at_step=6", "fault.deadline_s=60")
+    args = command(tmp_path, "noticed", layout, *notice)
+    err = output_of(stop_run(args))
+    run_dir = tmp_path / "noticed"
+    stop_step = logged_steps(run_dir)[-1]
+    line = next(line for line in err.splitlines() if "convoy: stopped on" in line)
+    print(f"\n{line}")
+    assert "an injected preemption notice (60 s deadline)" in line  # the sender's words
+    assert f"after step {stop_step}: checkpoint step_{stop_step:08d} committed in" in line
+    assert "before the deadline" in line
+    assert stop_step in (6, 7)  # read at the boundary after the one it came before
+    assert_resumes_exactly(args, run_dir, tmp_path / "straight", tmp_path)
+    assert logged_steps(run_dir) == list(range(1, STEPS + 1))
+
+
+def test_a_notice_shorter_than_a_save_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+    """A deadline already past: no save is started (so none is left half-written), the run
+    says so, and the same command resumes from the last periodic checkpoint."""
+    layout = [*LAYOUTS["local"], "checkpoint.every_steps=4"]
+    subprocess.run(
+        command(tmp_path, "straight", layout),
+        check=True,
+        capture_output=True,
+        timeout=RUN_TIMEOUT_S,
+    )
+    notice = ("fault.kind=preempt", "fault.at_step=6", "fault.deadline_s=0")
+    args = command(tmp_path, "late", layout, *notice)
+    err = output_of(stop_run(args))
+    run_dir = tmp_path / "late"
+    line = next(line for line in err.splitlines() if "convoy: stopped on" in line)
+    print(f"\n{line}")
+    assert "after step 6: not saved: 0.000 s were left and the last save took" in line
+    assert "resumes from step_00000004, the last checkpoint" in line
+    assert "convoy: to resume: convoy train" in err
+    assert sorted(p.name for p in checkpoint_root(run_dir).iterdir()) == ["step_00000004"]
+    out = assert_resumes_exactly(args, run_dir, tmp_path / "straight", tmp_path)
+    assert "resumed from step_00000004" in out
+    # Steps 5 and 6 are trained again: what a notice too short to save costs.
+    assert logged_steps(run_dir) == [*range(1, 7), *range(5, STEPS + 1)]
+
+
+def test_without_checkpoints_a_stop_says_to_start_again(tmp_path: Path) -> None:
+    args = command(
+        tmp_path,
+        "unsaved",
+        LAYOUTS["local"],
+        "checkpoint.every_epochs=null",
+        "fault.kind=preempt",
+        "fault.at_step=3",
+    )
+    err = output_of(stop_run(args))
+    assert "after step 3: checkpointing is off" in err and "so nothing was saved" in err
+    assert "convoy: to start again: convoy train" in err
+    assert err.count("convoy: stopped on") == 1  # said once, by the loop
+
+
+SLOW_DATA = '''
+"""Screening data whose first access to one item waits (a slow read), marking the wait."""
+import os
+import time
+from pathlib import Path
+
+from torch.utils.data import Dataset, TensorDataset
+
+from examples.tumor_screening import screening_data
+
+MARKS = Path(os.environ["SLOW_DATA_MARKS"])
+
+
+class WaitOnce(Dataset):
+    def __init__(self, inner, mark, index, seconds):
+        self.inner, self.mark, self.index, self.seconds = inner, mark, index, seconds
+
+    def __len__(self):
+        return len(self.inner)
+
+    def __getitem__(self, i):
+        marked = MARKS / self.mark
+        if i == self.index and not marked.exists():
+            marked.write_text("waiting")
+            time.sleep(self.seconds)
+        return self.inner[i]
+
+
+def slow_data(slow_split: str, seconds: float = 3.0):
+    data = screening_data()
+    features, labels = data["train"].tensors
+    splits = {
+        "train": TensorDataset(features[:320], labels[:320]),
+        "val": TensorDataset(features[320:], labels[320:]),
+        "test": data["test"],
+    }
+    splits[slow_split] = WaitOnce(splits[slow_split], slow_split, 3, seconds)
+    return {**splits, "shape": data["shape"]}
+'''
+
+
+@pytest.mark.parametrize("slow_split", ["val", "train"])
+def test_a_signal_during_validation_or_a_data_wait_is_acted_on(
+    slow_split: str, tmp_path: Path
+) -> None:
+    """SIGTERM while validation, or a step's data, waits on a slow read: the wait ends, the
+    run saves the step it finished and stops; the resume repeats no step."""
+    (tmp_path / "slow_data.py").write_text(SLOW_DATA)
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    env = {**os.environ, "PYTHONPATH": str(tmp_path), "SLOW_DATA_MARKS": str(marks)}
+    args = [
+        sys.executable, "-m", "convoy", "train", str(REPO / "recipes" / "user_module.yaml"),
+        *(part for override in [
+            *LAYOUTS["local"],
+            "data.name=slow_data:slow_data",
+            f"data.kwargs={{slow_split: {slow_split}}}",
+            "run.epochs=3",
+            "run.log_every_steps=1",
+            "run.progress=plain",
+            f"run.storage_dir={tmp_path}",
+            "run.name=slow",
+            "checkpoint.every_epochs=null",
+            "checkpoint.every_steps=100",  # checkpointing on; none due before the stop
+        ] for part in ("-o", override)),
+    ]  # fmt: skip
+    process = subprocess.Popen(
+        args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    mark = marks / slow_split
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while not mark.exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert mark.exists(), process.communicate()[1][-3000:]
+    os.kill(process.pid, signal.SIGTERM)  # during the 3 s wait
+    out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    assert process.returncode == STOPPED_EXIT_CODE, err[-3000:]
+    err = out + err
+    run_dir = tmp_path / "slow"
+    stop_step = logged_steps(run_dir)[-1]
+    line = next(line for line in err.splitlines() if "convoy: stopped on" in line)
+    print(f"\n{line}")
+    assert f"after step {stop_step}: checkpoint step_{stop_step:08d} committed" in line
+    if slow_split == "val":  # acted on when validation ends: the epoch's last step
+        assert stop_step == 10  # 320 rows, batch 32
+    resumed = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
+                             timeout=RUN_TIMEOUT_S)  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert f"resumed from step_{stop_step:08d}" in resumed.stdout
+    assert logged_steps(run_dir) == list(range(1, 31))  # none lost, none repeated

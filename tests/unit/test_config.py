@@ -124,7 +124,12 @@ BAD_INPUTS = [
     ),
     (["model.kwargs.width=5"], "model.kwargs.width", "takes"),
     (["fault.kind=raise", "fault.rank=3"], "fault.rank", "ranks are 0..0"),
-    (["fault.kind=freeze"], "fault.kind", "'none', 'raise', 'kill', 'hang' or 'slow'"),
+    (["fault.kind=freeze"], "fault.kind", "'hang', 'slow' or 'preempt'"),
+    (
+        ["fault.kind=preempt", "run.stop_on_signal=false"],
+        "fault.kind",
+        "needs run.stop_on_signal: true",
+    ),
     (["checkpoint.keep_latest=0"], "checkpoint.keep_latest", "greater than 0"),
     (["model.name=no_such_pkg.mod:factory"], "model.name", "could not import"),
     (["run.storage_dir=gs://bucket/runs"], "run.storage_dir", "or s3://bucket/prefix"),

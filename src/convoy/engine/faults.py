@@ -9,6 +9,7 @@ import time
 
 from convoy.config import FaultConfig
 from convoy.distributed import all_gather_objects
+from convoy.engine.stop import StopNotice, StopWatch
 from convoy.storage import RunStorage
 
 ATTEMPTS_FILE = ".attempts"
@@ -18,11 +19,19 @@ class InjectedFault(RuntimeError):
     """Raised by ``fault.kind: raise``."""
 
 
-def maybe_inject(cfg: FaultConfig, step: int, rank: int, attempt: int) -> None:
+def maybe_inject(
+    cfg: FaultConfig, step: int, rank: int, attempt: int, stop: StopWatch | None = None
+) -> None:
     """Fire the configured fault if this rank, step and attempt (1-based) match."""
     if cfg.kind in ("none", "slow") or rank != cfg.rank or step != cfg.at_step:
         return
     if cfg.attempts and attempt > cfg.attempts:
+        return
+    if cfg.kind == "preempt":
+        if stop is not None:
+            now = time.time()
+            source = f"an injected preemption notice ({cfg.deadline_s:g} s deadline)"
+            stop.request(StopNotice(source, now, now + cfg.deadline_s))
         return
     if cfg.kind == "raise":
         raise InjectedFault(f"fault injection: rank {rank} raised after step {step}")

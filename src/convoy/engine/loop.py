@@ -10,6 +10,7 @@ The loop never asks which launcher started it; the ``WorkerContext`` is all it k
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import statistics
 import time
@@ -74,7 +75,14 @@ from convoy.engine.monitor import ForwardTimer, StragglerWatch, gather_rank_stat
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.sinks import build_sinks
 from convoy.engine.step import StepHooks, StepParts, train_step
-from convoy.engine.stop import STOPPED_FILE, StopRequested, StopWatch
+from convoy.engine.stop import (
+    STOPPED_FILE,
+    StopNotice,
+    StopRequested,
+    StopWatch,
+    describe,
+    grace_period_s,
+)
 from convoy.errors import ConfigError
 from convoy.metrics import MetricsManager
 from convoy.models.registry import build_model, count_parameters
@@ -231,7 +239,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
     state.stragglers = StragglerWatch(job.monitor)
-    state.stop = StopWatch(enabled=job.run.stop_on_signal)
+    state.stop = StopWatch(job.run.stop_on_signal, ctx.stop_notices, grace_period_s())
     state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
     try:
         steps = (steps_per_epoch, total_steps)
@@ -318,8 +326,8 @@ def _run_epochs(
         state.latest_metrics = dict(values)
         if _epoch_checkpoint_due(job, epoch) and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
-        if state.step < total_steps and state.stop.agreed(state.strategy.device):
-            _stop_after_step(state, epoch, steps_per_epoch)  # asked during evaluation
+        if state.step < total_steps and (notice := state.stop.agreed(state.strategy.device)):
+            _stop_after_step(state, epoch, steps_per_epoch, notice)  # asked during evaluation
     final |= _evaluate(state, data.test, "test", ctx)
     # The final checkpoint records the test metrics, so an export can be checked against them.
     # It is synchronous, and first commits any background save still in flight.
@@ -472,29 +480,65 @@ def _train_epoch(
         every = job.checkpoint.every_steps
         if every and state.step % every == 0 and state.step < total_steps:
             state.save_checkpoint(epoch, steps_per_epoch, asynchronous=job.checkpoint.asynchronous)
-        maybe_inject(job.fault, state.step, state.rank, state.attempt)
-        if state.step < total_steps and state.stop.agreed(state.strategy.device):
-            _stop_after_step(state, epoch, steps_per_epoch)
+        maybe_inject(job.fault, state.step, state.rank, state.attempt, state.stop)
+        if state.step < total_steps and (notice := state.stop.agreed(state.strategy.device)):
+            _stop_after_step(state, epoch, steps_per_epoch, notice)
 
 
-def _stop_after_step(state: TrainState, epoch: int, steps_per_epoch: int) -> NoReturn:
-    """Save the step just finished (unless it is saved) and stop with ``StopRequested``."""
+def _stop_after_step(
+    state: TrainState, epoch: int, steps_per_epoch: int, notice: StopNotice
+) -> NoReturn:
+    """Save the step just finished (unless it is saved, or the notice leaves too little time
+    to save it whole) and stop with ``StopRequested``."""
+    latest = state.last_saved_step if state.last_saved_step >= 0 else None
+    notice, too_late = _judge_notice(state, notice)
     started = time.perf_counter()
-    state.save_checkpoint(epoch, steps_per_epoch)
     if state.checkpoints is None:
         saved = (
             "checkpointing is off (neither checkpoint.every_steps nor every_epochs is set), "
             "so nothing was saved"
         )
+    elif too_late:
+        since = (
+            f"the same command resumes from {checkpoint_name(latest)}, the last checkpoint"
+            if latest is not None
+            else "no checkpoint was saved before it, so the same command starts again"
+        )
+        saved = f"not saved: {too_late}; {since} (a partial save is never loaded)"
     else:
+        state.save_checkpoint(epoch, steps_per_epoch)
         state.checkpoints.wait()
+        left = notice.seconds_left()
+        margin = f", {_seconds(left)} before the deadline" if left is not None else ""
         saved = (
             f"checkpoint {checkpoint_name(state.step)} committed in "
-            f"{time.perf_counter() - started:.1f} s; the same command resumes from it"
+            f"{_seconds(time.perf_counter() - started)}{margin}; the same command resumes from it"
         )
-    message = f"stopped on {state.stop.describe()} after step {state.step}: {saved}"
+    message = f"stopped on {describe(notice)} after step {state.step}: {saved}"
     state.events.message(f"convoy: {message}")
-    raise StopRequested(message, saved=state.checkpoints is not None)
+    resumable = state.checkpoints is not None and (not too_late or latest is not None)
+    raise StopRequested(message, saved=resumable, shown=True)
+
+
+def _judge_notice(state: TrainState, notice: StopNotice) -> tuple[StopNotice, str | None]:
+    """The notice as the rank that got it sent it (the others know only its deadline), and
+    why a save would not finish before that deadline, or None when it would or nobody knows.
+    Rank 0 judges for all (every rank saves or none does); one gather, once per run."""
+    checkpoints = state.checkpoints
+    left = notice.seconds_left()
+    needed = checkpoints.save_seconds if checkpoints is not None else None
+    verdict = None
+    unsaved = state.last_saved_step != state.step
+    if unsaved and left is not None and needed is not None and left < needed:
+        verdict = f"{_seconds(max(left, 0.0))} were left and the last save took {_seconds(needed)}"
+    own = None if notice.source.startswith("a stop requested") else notice
+    gathered = all_gather_objects((own, verdict))
+    sent = next((n for n, _ in gathered if n is not None), notice)
+    return dataclasses.replace(sent, deadline=notice.deadline), gathered[0][1]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f} s" if value < 1 else f"{value:.1f} s"
 
 
 def _optimizer_step(

@@ -16,11 +16,15 @@ local launcher's process and torchrun's workers. A second Ctrl-C interrupts at o
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import math
+import os
 import signal
 import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -40,14 +44,18 @@ code (torchrun's agent exits 1 whatever its workers' codes were)."""
 STOPPED_EXIT_CODE = 75
 """``EX_TEMPFAIL``: stopped on request with a checkpoint, to be resumed (not a failure)."""
 
+GRACE_ENV = "CONVOY_STOP_GRACE_S"
+
 
 class StopRequested(ConvoyError):
     """Training stopped on a request, after saving the step it had finished (``saved``:
     False where checkpointing is off)."""
 
-    def __init__(self, message: str, saved: bool = True) -> None:
+    def __init__(self, message: str, saved: bool = True, shown: bool = False) -> None:
         super().__init__(message)
         self.saved = saved
+        self.shown = shown
+        """The message is on the console already (the loop ran in this process)."""
 
 
 @contextlib.contextmanager
@@ -79,23 +87,72 @@ def _handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
             signal.signal(sig, before)
 
 
-class StopWatch:
-    """Records the first stop signal this process gets; ``agreed`` shares it with the others."""
+@dataclass(frozen=True)
+class StopNotice:
+    """A request to stop: what sent it, when it came and when the process is expected to go
+    (wall-clock seconds, ``time.time()``, so ranks on different nodes compare them)."""
 
-    def __init__(self, enabled: bool = True) -> None:
+    source: str
+    """``SIGTERM``, ``preemption of node 5f0c...`` or ``fault injection``."""
+    received_at: float
+    deadline: float | None = None
+    """When the process will be killed; None when the sender did not say."""
+
+    def seconds_left(self, now: float | None = None) -> float | None:
+        if self.deadline is None:
+            return None
+        return self.deadline - (time.time() if now is None else now)
+
+
+NoticeSource = Callable[[], StopNotice | None]
+"""A launcher's own source of notices, read at every step boundary without a collective
+(Ray Train's preemption watcher's mark on this worker)."""
+
+
+def grace_period_s() -> float | None:
+    """``CONVOY_STOP_GRACE_S``: seconds between a stop signal and the kill that follows it.
+    Rendered Kubernetes pods set it to their ``terminationGracePeriodSeconds``, so a SIGTERM
+    there carries a deadline."""
+    value = os.environ.get(GRACE_ENV)
+    try:
+        return float(value) if value else None
+    except ValueError:
+        return None
+
+
+class StopWatch:
+    """Records the first stop request this process gets; ``agreed`` shares it with the others.
+
+    Requests come from signals (``installed``, main thread only), from a launcher's
+    ``notices`` (Ray's preemption notices, read at each boundary) and from ``request``
+    (fault injection)."""
+
+    def __init__(
+        self,
+        enabled: bool = True,
+        notices: NoticeSource | None = None,
+        grace_s: float | None = None,
+    ) -> None:
         self.enabled = enabled
         """False (``run.stop_on_signal: false``): no handlers, and nothing to agree on."""
-        self.signal_name: str | None = None
-        self.received_at: float | None = None
+        self.notices = notices
+        self.grace_s = grace_s
+        """A signal's deadline: this long after it came (None: unknown)."""
+        self.notice: StopNotice | None = None
         self._pending: tuple[torch.Tensor, Any] | None = None
-        """The flags summed in the background since the last call, and their work handle."""
+        """The flags reduced in the background since the last call, and their work handle."""
+
+    @property
+    def signal_name(self) -> str | None:
+        return self.notice.source if self.notice is not None else None
 
     @contextlib.contextmanager
     def installed(self) -> Iterator[StopWatch]:
         """Record ``STOP_SIGNALS`` while inside, then restore the handlers that were there.
         Off the main thread (Ray Train's workers run the loop in a thread of their own) no
-        signal can arrive: nothing to agree on either, on every rank alike."""
-        if threading.current_thread() is not threading.main_thread():
+        signal can arrive; there only the launcher's notices count, and without them there is
+        nothing to agree on, on every rank alike."""
+        if threading.current_thread() is not threading.main_thread() and self.notices is None:
             self.enabled = False
         if not self.enabled:
             yield self
@@ -107,40 +164,65 @@ class StopWatch:
             self.settle()
 
     def _record(self, signum: int, frame: Any) -> None:
-        if signum == signal.SIGINT and self.signal_name is not None:
+        if signum == signal.SIGINT and self.notice is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        if self.signal_name is None:
-            self.signal_name = signal.Signals(signum).name
-            self.received_at = time.monotonic()
+        now = time.time()
+        deadline = now + self.grace_s if self.grace_s is not None else None
+        self.request(StopNotice(signal.Signals(signum).name, now, deadline))
 
-    def agreed(self, device: torch.device) -> bool:
-        """Whether any rank had been asked to stop by the previous call: the same answer on
-        every rank (a collective: every rank calls it at the same step boundaries).
+    def request(self, notice: StopNotice) -> None:
+        """Record ``notice`` unless one came first (the first request is the one acted on)."""
+        if self.notice is None:
+            self.notice = notice
 
-        The ranks' flags are summed in the background (an asynchronous one-element
-        all-reduce whose latency hides behind the next step) and read at the next call, so a
-        request is acted on one step boundary later: still after a finished step, and a step
-        of a few milliseconds does not wait for a collective's round trip."""
+    def agreed(self, device: torch.device) -> StopNotice | None:
+        """The stop request any rank had by the previous call, with the earliest deadline any
+        rank knows: the same answer on every rank (a collective: every rank calls it at the
+        same step boundaries). None when there is none.
+
+        The ranks' flags and deadlines are reduced in the background (an asynchronous
+        two-element all-reduce whose latency hides behind the next step) and read at the next
+        call, so a request is acted on one step boundary later: still after a finished step,
+        and a step of a few milliseconds does not wait for a collective's round trip."""
         if not self.enabled:
-            return False
-        asked = torch.tensor(float(self.signal_name is not None), device=device)
+            return None
+        if self.notice is None and self.notices is not None:
+            self.notice = self.notices()
+        notice = self.notice
+        # MAX of (asked, -deadline): whether any rank was asked, and the earliest deadline.
+        local = torch.tensor(
+            [
+                float(notice is not None),
+                -notice.deadline if notice and notice.deadline is not None else -math.inf,
+            ],
+            dtype=torch.float64,
+            device=device,
+        )
         if not is_distributed():
-            return bool(asked.item() > 0)
-        previous, self._pending = self._pending, (asked, dist.all_reduce(asked, async_op=True))
+            return notice
+        work = dist.all_reduce(local, op=dist.ReduceOp.MAX, async_op=True)
+        previous, self._pending = self._pending, (local, work)
         if previous is None:
-            return False
-        flags, work = previous
-        work.wait()
-        return bool(flags.item() > 0)
+            return None
+        reduced, previous_work = previous
+        previous_work.wait()
+        asked, negative_deadline = reduced.tolist()
+        if asked <= 0:
+            return None
+        deadline = -negative_deadline if math.isfinite(negative_deadline) else None
+        if notice is None:
+            return StopNotice("a stop requested on another rank", time.time(), deadline)
+        return dataclasses.replace(notice, deadline=deadline)
 
     def settle(self) -> None:
-        """Wait for the last sum in flight (before the process group goes)."""
+        """Wait for the last reduction in flight (before the process group goes)."""
         if self._pending is not None:
             self._pending[1].wait()
             self._pending = None
 
-    def describe(self) -> str:
-        """What the request was and how long ago it came, for the log."""
-        if self.signal_name is None or self.received_at is None:
-            return "a stop requested on another rank"
-        return f"{self.signal_name} {time.monotonic() - self.received_at:.1f} s ago"
+
+def describe(notice: StopNotice) -> str:
+    """What the request was and how long ago it came, for the log."""
+    if notice.source.startswith("a stop requested"):
+        return notice.source
+    return f"{notice.source} {time.time() - notice.received_at:.1f} s ago"

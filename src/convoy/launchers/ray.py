@@ -25,6 +25,7 @@ import torch
 
 from convoy.config import Job, RayLauncherConfig, job_from_dict, world_sizes
 from convoy.distributed import WorkerContext
+from convoy.engine.stop import StopRequested
 from convoy.errors import ConvoyError, LaunchError, ResourceError
 from convoy.imports import missing_extra
 from convoy.launchers.base import (
@@ -368,7 +369,11 @@ def build_trainer(
         run_config=RunConfig(
             name=name,
             storage_path=storage_path,
-            failure_config=FailureConfig(max_failures=job.scaling.max_failures),
+            # mypy reads Train V1's FailureConfig; Ray 2.60 exports V2's, which has this field.
+            failure_config=FailureConfig(  # type: ignore[call-arg]
+                max_failures=job.scaling.max_failures,
+                max_preemption_failures=job.scaling.max_preemption_failures,
+            ),
             checkpoint_config=checkpoint_config(job),
             callbacks=list(callbacks),
         ),
@@ -572,6 +577,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     from ray.train.torch import get_device
 
     from convoy.integrations.ray_train import RayTrainReportSink
+    from convoy.launchers.ray_preemption import preemption_notice, wait_for_preemption
 
     quiet_ray_loggers()
     job = job_from_dict(config["job"])
@@ -589,6 +595,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         cpus=ray.get_runtime_context().get_assigned_resources().get("CPU"),
         checkpoint_reporter=functools.partial(report_checkpoint, job, reports),
         resume_from=_ray_latest_checkpoint(),
+        stop_notices=preemption_notice,
         sinks=(reports, *_prometheus_sinks(job, context.get_world_rank())),
     )
     if "ray_data" in config:
@@ -596,7 +603,10 @@ def ray_worker_main(config: dict[str, Any]) -> None:
 
         data = ray_worker_data(job, config["ray_data"], ctx.rank, ctx.world_size)
         ctx = dataclasses.replace(ctx, data=data)
-    summary = WorkerEntry.from_dict(config["entry"]).run(job, ctx)
+    try:
+        summary = WorkerEntry.from_dict(config["entry"]).run(job, ctx)
+    except StopRequested as stopped:
+        wait_for_preemption(stopped, ctx.rank)
     # The last report: the run's final metrics (rank 0's copy reaches Result.metrics).
     reports.finish(dict(summary.get("metrics", {})))
 

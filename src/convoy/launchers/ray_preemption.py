@@ -1,0 +1,85 @@
+"""Ray node preemption: Ray Train's notice turned into the loop's stop request, and what a
+worker does once it has saved.
+
+Ray Train's preemption watcher polls the GCS for draining nodes (a spot reclaim the cloud
+announced, ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``) and marks every worker
+of the run. ``preemption_notice`` reads that mark on this worker without a collective, at
+every step boundary; the loop's stop agreement (one asynchronous all-reduce per step) shares
+it, and every rank saves the step it finished.
+
+Then ``wait_for_preemption``: every rank asks ``ray.train.get_preemption_info()`` once (a
+barrier, so all ranks act on the same answer), logs the node, its deadline and the save, and
+waits for the node to go. Ray Train's controller restarts the run when the node is gone or
+its deadline has passed, from the checkpoint just saved, and counts the restart against
+``FailureConfig.max_preemption_failures`` rather than ``max_failures``.
+
+Why wait rather than train on, as Ray's docstring suggests: every step trained after the
+save would be trained again after the restart, which comes at the deadline either way; waiting
+costs the same time and repeats no step. A drain that is never carried out is ended by the
+controller at the deadline as well, from the same checkpoint.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, NoReturn
+
+from convoy.engine.stop import StopNotice, StopRequested
+
+NO_RESTART_AFTER_S = 60.0
+"""How long past the deadline a worker waits for Ray Train's restart before giving up: the
+controller ends the group as soon as the deadline (plus ``preemption_grace_s``) passes."""
+
+
+def preemption_notice() -> StopNotice | None:
+    """Ray Train's preemption mark on this worker, as a stop notice (no collective)."""
+    from ray.train.v2._internal.execution.context import get_train_context
+
+    info = get_train_context().preemption_context.preemption_info
+    if info is None:
+        return None
+    deadline = info.deadline_ms / 1000 if info.deadline_ms else None
+    return StopNotice(f"preemption of {_nodes(info)}", time.time(), deadline)
+
+
+def wait_for_preemption(stopped: StopRequested, rank: int) -> NoReturn:
+    """After a stop: if a node of this run is being preempted, say so and wait for Ray Train
+    to restart the run (it ends this worker); otherwise re-raise ``stopped``."""
+    import ray.train
+
+    info = ray.train.get_preemption_info()  # a barrier: every rank gets the same answer
+    if info is None:
+        raise stopped
+    deadline = info.deadline_ms / 1000 if info.deadline_ms else None
+    if rank == 0:
+        left = f"deadline in {deadline - time.time():.1f} s" if deadline else "no deadline given"
+        print(
+            f"convoy: {_nodes(info)} (ranks {info.preempted_ranks}) is being preempted, "
+            f"{left}: waiting for it to go; Ray Train then restarts the run from the "
+            "checkpoint just saved (a restart counted against "
+            "scaling.max_preemption_failures)",
+            flush=True,
+        )
+    # Ray Train ends this worker once the node is gone or its deadline has passed.
+    give_up = (deadline or time.time() + 120.0) + NO_RESTART_AFTER_S
+    while time.time() < give_up:
+        time.sleep(0.5)
+    raise stopped
+
+
+def _nodes(info: Any) -> str:
+    """``node 10.0.0.2 (5f0c1a2b)`` for each preempted node: its IP if Ray still lists it."""
+    import ray
+
+    addresses = {node["NodeID"]: node.get("NodeManagerAddress", "?") for node in _listed_nodes(ray)}
+    named = [
+        f"node {addresses.get(node_id, '?')} ({node_id[:8]})" for node_id in info.preempted_node_ids
+    ]
+    return ", ".join(named) or "a node"
+
+
+def _listed_nodes(ray: Any) -> list[dict[str, Any]]:
+    try:
+        return list(ray.nodes())
+    except Exception:  # the log line is worth less than the wait: never fail on it
+        return []

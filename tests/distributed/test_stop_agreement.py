@@ -1,0 +1,38 @@
+"""Ranks agree on a stop request at the same step boundary, with the earliest deadline any
+of them knows, though only one rank got it (a signal to one process, a notice to one node)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+from convoy.distributed import WorkerContext, join_process_group
+from convoy.engine.stop import StopNotice, StopWatch
+from convoy.testing import run_on_gloo
+
+pytestmark = pytest.mark.distributed
+DEADLINE = 4_000_000_000.5  # a wall-clock time, the same in every process
+
+
+def boundaries(ctx: WorkerContext) -> list[tuple[str, float | None] | None]:
+    """Five step boundaries; rank 1 is asked to stop just before the third."""
+    join_process_group(ctx, timeout_s=60)
+    watch = StopWatch()
+    seen: list[tuple[str, float | None] | None] = []
+    for boundary in range(5):
+        if boundary == 2 and ctx.rank == 1:
+            watch.request(StopNotice("SIGTERM", time.time(), DEADLINE))
+        notice = watch.agreed(torch.device("cpu"))
+        seen.append(None if notice is None else (notice.source, notice.deadline))
+    watch.settle()
+    return seen
+
+
+def test_every_rank_stops_at_the_same_boundary_with_the_senders_deadline() -> None:
+    rank0, rank1 = run_on_gloo(boundaries, 2)
+    # Asked before boundary 2, shared by its reduction, read at boundary 3 on both ranks.
+    assert rank0[:3] == rank1[:3] == [None, None, None]
+    assert rank1[3] == ("SIGTERM", DEADLINE)
+    assert rank0[3] == ("a stop requested on another rank", DEADLINE)
