@@ -427,6 +427,21 @@ def _add_k8s_commands(commands: Any) -> None:
             sub.add_argument("--timeout", type=float, help="give up watching after SECONDS")
         if action == "logs":
             sub.add_argument("--tail", type=int, help="only the last N lines")
+    drain = actions.add_parser(
+        "drain-node",
+        help="drain this pod's Ray node as a preemption, then wait out its deadline",
+        description="A Ray worker pod's preStop hook (rendered): mark this machine's Ray node "
+        "as preempted with a deadline, so Ray Train's workers on it save the step they "
+        "finished, then wait until the deadline before Kubernetes' SIGTERM ends Ray.",
+    )
+    drain.add_argument(
+        "--deadline-s", type=float, required=True, help="seconds until the node goes"
+    )
+    drain.add_argument(
+        "--address",
+        help="the cluster's GCS address (default: $RAY_ADDRESS, or KubeRay's $FQ_RAY_IP:6379)",
+    )
+    drain.add_argument("--no-wait", action="store_true", help="return once the drain is asked")
     gc = actions.add_parser(
         "gc",
         help="delete what Convoy's runs left behind",
@@ -439,6 +454,20 @@ def _add_k8s_commands(commands: Any) -> None:
     gc.add_argument(
         "--grace", type=float, default=600.0, help="seconds an orphan must be old (default 600)"
     )
+
+
+def _grace_warnings(manifests: list[Any]) -> list[str]:
+    """Pods whose grace period is shorter than their run's last measured save."""
+    from convoy.k8s.configmap import recipe_job
+    from convoy.k8s.grace import grace_warnings
+
+    recipes = [
+        text
+        for m in manifests
+        if m.get("kind") == "ConfigMap"
+        for text in (m.get("data") or {}).values()
+    ]
+    return [w for text in recipes[:1] for w in grace_warnings(recipe_job(text), manifests)]
 
 
 def _add_k8s_source(parser: argparse.ArgumentParser) -> None:
@@ -538,6 +567,13 @@ def cmd_k8s(args: argparse.Namespace) -> int:
             raise K8sError(f"{args.file}: every YAML document must be a mapping (a manifest)")
         check_manifests(manifests)
         print(f"{args.file}: {len(manifests)} manifest(s) valid")
+        for warning in _grace_warnings(manifests):
+            print(f"convoy: warning: {warning}", file=sys.stderr)
+        return 0
+    if args.k8s_command == "drain-node":
+        from convoy.launchers.ray_preemption import drain_this_node
+
+        drain_this_node(args.deadline_s, args.address, wait=not args.no_wait)
         return 0
     from convoy.k8s.client import BY_KIND, KubeApi
 

@@ -718,6 +718,11 @@ class K8sConfig(Section):
     logs and spilled objects); a pod that writes more is evicted."""
     env: dict[str, str] = Field(default_factory=dict)
     """Environment of every Ray / PyTorch container (e.g. ``AWS_ENDPOINT_URL``)."""
+    termination_grace_s: Annotated[int, Field(gt=0)] | None = None
+    """``terminationGracePeriodSeconds`` of the training pods: the time from a stop (a spot
+    reclaim, a node drain, a deleted pod) to the kill, in which the run saves the step it
+    finished. Default: 30 s plus twice the planned save (the checkpoint bytes one pod writes,
+    at 100 MiB/s); ``convoy k8s validate`` warns when the run's last measured save is longer."""
     env_secrets: list[str] = Field(default_factory=list)
     """Secrets whose keys become environment variables in every pod (S3 credentials)."""
     labels: dict[str, str] = Field(default_factory=dict)

@@ -10,7 +10,7 @@ import pytest
 
 from convoy.cli import build_parser, main
 
-ACTIONS = ["delete", "gc", "logs", "render", "status", "submit", "validate"]
+ACTIONS = ["delete", "drain-node", "gc", "logs", "render", "status", "submit", "validate"]
 
 
 def _subparsers(parser):

@@ -266,7 +266,8 @@ def test_ray_start_commands_of_a_rendered_rayjob():
         ]
         * 2
     )
-    assert plan.env == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret"}
+    grace = {"CONVOY_STOP_GRACE_S": "31"}  # 30 s + twice the planned save (302k params)
+    assert plan.env == {**grace, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": "secret"}
     assert plan.entrypoint == f"convoy train {RECIPE_PATH}"
     assert yaml.safe_load(plan.files[RECIPE_PATH])["run"]["name"] == "digits-vit"
 
@@ -277,6 +278,7 @@ def test_ray_start_commands_carry_gpus_and_the_jobs_env():
         "head",
     )
     assert "--num-gpus=1" in plan.workers[0] and "--num-gpus=0" in plan.head
+    assert plan.env.pop("CONVOY_STOP_GRACE_S").isdigit()
     assert plan.env == {"NCCL_DEBUG": "INFO", "RAY_AUTH_MODE": "token"}
 
 

@@ -28,7 +28,9 @@ from typing import Any
 import yaml
 
 from convoy.config import Job, job_to_yaml
+from convoy.engine.stop import GRACE_ENV
 from convoy.k8s import naming
+from convoy.k8s.grace import PRESTOP_MARGIN_S, grace_period_s
 from convoy.k8s.validate import check_job
 
 RECIPE_DIR = "/etc/convoy"
@@ -197,6 +199,12 @@ class PodParts:
     shm_size: str = ""
     """Size of /dev/shm (default ``k8s.shm_size``)."""
     extra_labels: dict[str, str] = field(default_factory=dict)
+    trains: bool = True
+    """Runs training (or Ray under it): gets the grace period a save needs, and the
+    ``CONVOY_STOP_GRACE_S`` that turns its SIGTERM into a notice with a deadline."""
+    drains_on_stop: bool = False
+    """A Ray worker pod: its preStop hook drains its Ray node as a preemption, so Ray Train's
+    workers on it save before the SIGTERM ends Ray (``convoy k8s drain-node``)."""
 
 
 def pod_template(job: Job, name: str, kind: str, parts: PodParts) -> dict[str, Any]:
@@ -205,6 +213,8 @@ def pod_template(job: Job, name: str, kind: str, parts: PodParts) -> dict[str, A
         "securityContext": POD_SECURITY,
         "containers": [_container(job, parts)],
     }
+    if parts.trains:
+        spec["terminationGracePeriodSeconds"] = grace_period_s(job)
     volumes = _volumes(job, name, parts)
     if volumes:
         spec["volumes"] = volumes
@@ -236,8 +246,15 @@ def _container(job: Job, parts: PodParts) -> dict[str, Any]:
     }
     if parts.command:
         container["command"] = parts.command
-    if k8s.env:
-        container["env"] = [{"name": k, "value": v} for k, v in sorted(k8s.env.items())]
+    env = dict(k8s.env)
+    if parts.trains:
+        env.setdefault(GRACE_ENV, str(grace_period_s(job)))
+    if env:
+        container["env"] = [{"name": k, "value": v} for k, v in sorted(env.items())]
+    if parts.drains_on_stop:
+        deadline = max(1, grace_period_s(job) - PRESTOP_MARGIN_S)
+        drain = ["convoy", "k8s", "drain-node", f"--deadline-s={deadline}"]
+        container["lifecycle"] = {"preStop": {"exec": {"command": drain}}}
     if k8s.env_secrets:
         container["envFrom"] = [{"secretRef": {"name": s}} for s in k8s.env_secrets]
     mounts = _mounts(job, parts)
@@ -286,7 +303,9 @@ def ray_cluster_spec(job: Job, name: str, kind: str) -> dict[str, Any]:
     k8s = job.k8s
     low, high = pod_range(job)
     head = PodParts("ray-head", head_resources(job), recipe=True, shm_size=head_shm(job))
-    worker = PodParts("ray-worker", worker_resources(job), gpu=bool(worker_gpus(job)))
+    worker = PodParts(
+        "ray-worker", worker_resources(job), gpu=bool(worker_gpus(job)), drains_on_stop=True
+    )
     group: dict[str, Any] = {
         "groupName": "workers",
         "replicas": high,
@@ -333,6 +352,7 @@ def rayjob(job: Job, name: str) -> dict[str, Any]:
         {"cpu": "500m", "memory": "512Mi"},
         shared=False,
         extra_labels={"convoy.io/role": "submitter"},
+        trains=False,
     )
     submitter_pod = pod_template(job, name, "rayjob", submitter)
     # A batch/v1 Job's pods may not restart in place; KubeRay fills in the command.

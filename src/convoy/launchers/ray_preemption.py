@@ -21,6 +21,7 @@ controller at the deadline as well, from the same checkpoint.
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any, NoReturn
 
@@ -53,13 +54,14 @@ def wait_for_preemption(stopped: StopRequested, rank: int) -> NoReturn:
     deadline = info.deadline_ms / 1000 if info.deadline_ms else None
     if rank == 0:
         left = f"deadline in {deadline - time.time():.1f} s" if deadline else "no deadline given"
-        print(
+        # Written, not printed: Ray Train's patched print() would show the line twice.
+        sys.stdout.write(
             f"convoy: {_nodes(info)} (ranks {info.preempted_ranks}) is being preempted, "
             f"{left}: waiting for it to go; Ray Train then restarts the run from the "
             "checkpoint just saved (a restart counted against "
-            "scaling.max_preemption_failures)",
-            flush=True,
+            "scaling.max_preemption_failures)\n"
         )
+        sys.stdout.flush()
     # Ray Train ends this worker once the node is gone or its deadline has passed.
     give_up = (deadline or time.time() + 120.0) + NO_RESTART_AFTER_S
     while time.time() < give_up:
@@ -83,3 +85,55 @@ def _listed_nodes(ray: Any) -> list[dict[str, Any]]:
         return list(ray.nodes())
     except Exception:  # the log line is worth less than the wait: never fail on it
         return []
+
+
+def drain_this_node(deadline_s: float, address: str | None = None, wait: bool = True) -> None:
+    """Mark this machine's Ray node as preempted, ``deadline_s`` from now (what a cloud's
+    spot notice does through the autoscaler), and wait until then: a Ray worker pod's
+    preStop hook, so the node's train workers save before Kubernetes' SIGTERM ends Ray."""
+    import os
+
+    import ray.util
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]
+    from ray.core.generated import autoscaler_pb2
+
+    from convoy.errors import LaunchError
+
+    address = address or os.environ.get("RAY_ADDRESS") or _kuberay_gcs_address()
+    if not address:
+        raise LaunchError(
+            "convoy k8s drain-node: no Ray cluster address: pass --address, or set "
+            "RAY_ADDRESS (KubeRay's worker pods have FQ_RAY_IP)"
+        )
+    gcs = GcsClient(address=address)
+    ip = ray.util.get_node_ip_address()
+    nodes = [i for i in gcs.get_all_node_info().values() if i.state == 0]  # ALIVE
+    mine = [i.node_id.hex() for i in nodes if i.node_manager_address == ip]
+    if not mine:
+        raise LaunchError(
+            f"convoy k8s drain-node: no live Ray node at {ip} in the cluster at {address}"
+        )
+    deadline_ms = int((time.time() + deadline_s) * 1000)
+    accepted, why = gcs.drain_node(
+        mine[0],
+        autoscaler_pb2.DrainNodeReason.Value(  # type: ignore[attr-defined]
+            "DRAIN_NODE_REASON_PREEMPTION"
+        ),
+        "convoy k8s drain-node: the pod is stopping",
+        deadline_ms,
+    )
+    if not accepted:
+        raise LaunchError(f"convoy k8s drain-node: Ray refused to drain node {ip}: {why}")
+    sys.stdout.write(
+        f"convoy: drained Ray node {ip} ({mine[0][:8]}), deadline in {deadline_s:g} s\n"
+    )
+    sys.stdout.flush()
+    if wait:
+        time.sleep(max(0.0, deadline_ms / 1000 - time.time()))
+
+
+def _kuberay_gcs_address() -> str | None:
+    import os
+
+    host = os.environ.get("FQ_RAY_IP")
+    return f"{host}:6379" if host else None

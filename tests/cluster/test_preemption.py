@@ -1,0 +1,110 @@
+"""A spot reclaim on a real two-node Ray cluster (test hosts): the worker node is drained
+with ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds 30``
+mid-epoch, a replacement node joins, and the drained node is killed at its deadline, as a
+cloud would. The run saves the step it finished on the notice, waits, and Ray Train restarts
+it on the head and the replacement from that checkpoint: no step is trained twice, and the
+final weights equal an uninterrupted run's, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+import torch
+from netns import FAST_NODE_DEATH_ENV, RayNodes, TestHosts
+from test_multinode import CONVOY, Driver, committed, train_args
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+pytestmark = [pytest.mark.cluster]
+
+DEADLINE_S = 30
+# The same job both ways; each step made slower (a sleep outside the math) so the drain,
+# the notice and the kill land mid-run on a 2-core machine.
+JOB = ["run.max_steps=110", "run.log_every_steps=1", "checkpoint.every_epochs=1",
+       "scaling.threads_per_worker=1"]  # fmt: skip
+SLOW = ["fault.kind=slow", "fault.at_step=1", "fault.slow_seconds=0.25"]
+NODE_ID = (
+    "import os\n"
+    "from ray._raylet import GcsClient\n"
+    "nodes = GcsClient(address=os.environ['RAY_ADDRESS']).get_all_node_info()\n"
+    "print(next(i.node_id.hex() for i in nodes.values()\n"
+    "           if i.node_manager_address == os.environ['NODE_IP'] and i.state == 0))\n"
+)
+
+
+def logged_steps(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [r["step"] for r in map(json.loads, filter(None, lines)) if r["kind"] == "step"]
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    target = run_dir.parent / f"{run_dir.name}.pt"
+    dcp_to_torch_save(committed(run_dir)[-1].parent, target)
+    return torch.load(target, weights_only=True)["model"]
+
+
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp2"])
+def test_a_drained_node_costs_no_step(
+    strategy: str,
+    make_test_hosts: Callable[[int], TestHosts],
+    ray_nodes: RayNodes,
+    tmp_path: Path,
+) -> None:
+    head, worker, replacement = make_test_hosts(3)
+    ray_nodes.start_head(head, num_cpus=1, env=FAST_NODE_DEATH_ENV)
+    drained = ray_nodes.start_worker(worker, ray_nodes.head.address, num_cpus=1)
+    job = [*JOB, f"strategy.name={strategy}"]
+
+    straight = head.run(
+        train_args(tmp_path, "straight", "scaling.launcher=torchrun", *job), timeout=300
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    env = {**ray_nodes.driver_env(), "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    node_id = head.run(
+        [sys.executable, "-c", NODE_ID], env={**env, "NODE_IP": worker.ip}, check=True
+    ).stdout.strip()
+    run_dir = tmp_path / "spot"
+    driver = Driver(head, train_args(tmp_path, "spot", *job, *SLOW), tmp_path / "driver.log", env)
+    # Ray Train's preemption watcher starts once the workers have trained 10 s.
+    driver.wait_for(lambda: (run_dir / "metrics.jsonl").exists(), timeout=240)
+    started = time.monotonic()
+    driver.wait_for(
+        lambda: time.monotonic() - started > 12 and len(logged_steps(run_dir)) >= 20, 240
+    )
+    if strategy == "ddp":  # Ray's own command, from the head
+        drain = [
+            str(Path(sys.executable).with_name("ray")), "drain-node", f"--node-id={node_id}",
+            "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot reclaim (test)",
+            f"--deadline-remaining-seconds={DEADLINE_S}",
+        ]  # fmt: skip
+        head.run(drain, env=env, check=True)
+    else:  # a rendered Ray worker pod's preStop hook, on the node itself
+        drain = [*CONVOY, "k8s", "drain-node", f"--deadline-s={DEADLINE_S}", "--no-wait"]
+        done = worker.run(drain, env=env, check=True)
+        assert f"drained Ray node {worker.ip} ({node_id[:8]})" in done.stdout
+    drained_at = time.monotonic()
+    ray_nodes.add_worker(replacement, num_cpus=1)  # the cloud's replacement
+    driver.wait_for(lambda: "is being preempted" in driver.output, timeout=DEADLINE_S)
+    time.sleep(max(0.0, drained_at + DEADLINE_S - time.monotonic()))
+    ray_nodes.kill_node(drained)  # taken at its deadline
+    assert driver.wait(timeout=300) == 0, driver.output[-5000:]
+
+    output = driver.output
+    shown = [line for line in output.splitlines() if "stopped on preemption" in line]
+    shown += [line for line in output.splitlines() if "is being preempted" in line]
+    shown += [line for line in output.splitlines() if "resumed from" in line]
+    print("\n" + "\n".join(shown))
+    assert f"preemption of node {worker.ip}" in shown[0], output[-5000:]
+    assert "before the deadline" in shown[0]
+    saved = shown[0].split("checkpoint ")[1].split()[0]
+    assert f"convoy: resumed from {saved}" in output
+    steps = logged_steps(run_dir)
+    assert steps == list(range(1, 111)), f"steps trained twice: {len(steps) - len(set(steps))}"
+    expected, got = final_weights(tmp_path / "straight"), final_weights(run_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
