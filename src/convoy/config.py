@@ -538,10 +538,12 @@ class RunConfig(Section):
     """``torch.compile`` each of the model's ``blocks`` (each block's forward, whole graph),
     before sharding; the time spent compiling is reported apart from the step time."""
     stop_on_signal: bool = True
-    """SIGTERM, SIGUSR1 or Ctrl-C (a spot notice, a scheduler, a user) save the step just
-    finished and stop the run, resumable, exit code 75; the ranks agree on it with one
-    one-element all-reduce per step. false: a signal ends the workers as it would any
-    program."""
+    """SIGTERM, SIGUSR1 or Ctrl-C (a spot notice, a scheduler, a user), and under Ray a
+    preemption notice for a node of the run, save the step just finished and stop the run,
+    resumable (exit code 75; under Ray, restarted by Ray Train once the node is gone); the
+    ranks agree on it with one two-element all-reduce per step. false: a signal ends the
+    workers as it would any program, and a preempted Ray run restarts from its last
+    periodic checkpoint."""
 
     @field_validator("storage_dir")
     @classmethod

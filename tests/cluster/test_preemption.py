@@ -1,13 +1,22 @@
-"""A spot reclaim on a real two-node Ray cluster (test hosts): the worker node is drained
-with ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION --deadline-remaining-seconds 30``
-mid-epoch, a replacement node joins, and the drained node is killed at its deadline, as a
-cloud would. The run saves the step it finished on the notice, waits, and Ray Train restarts
-it on the head and the replacement from that checkpoint: no step is trained twice, and the
-final weights equal an uninterrupted run's, bit for bit."""
+"""Spot reclaims on two test hosts, as a cloud does them.
+
+- Ray: the worker node is drained with ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION
+  --deadline-remaining-seconds 30`` (or the Kubernetes preStop hook's ``convoy k8s
+  drain-node``) mid-epoch, a replacement node joins, and the drained node is killed at its
+  deadline. The run saves the step it finished on the notice, waits, and Ray Train restarts
+  it on the head and the replacement from that checkpoint.
+- torchrun (c10d, one node per host): one node gets SIGTERM and, after a grace period, would
+  get SIGKILL; both nodes save the same step and stop, and the same commands resume.
+
+Each: no step is trained twice, and the final weights equal an uninterrupted run's, bit for
+bit."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Callable
@@ -15,13 +24,16 @@ from pathlib import Path
 
 import pytest
 import torch
-from netns import FAST_NODE_DEATH_ENV, RayNodes, TestHosts
-from test_multinode import CONVOY, Driver, committed, train_args
+from netns import FAST_NODE_DEATH_ENV, RayNodes, TestHosts, kill_namespace
+from test_multinode import CONVOY, Driver, committed, torchrun_args, train_args
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from convoy.engine.stop import STOPPED_EXIT_CODE
 
 pytestmark = [pytest.mark.cluster]
 
 DEADLINE_S = 30
+CORES = len(os.sched_getaffinity(0))
 # The same job both ways; each step made slower (a sleep outside the math) so the drain,
 # the notice and the kill land mid-run on a 2-core machine.
 JOB = ["run.max_steps=110", "run.log_every_steps=1", "checkpoint.every_epochs=1",
@@ -37,7 +49,8 @@ NODE_ID = (
 
 
 def logged_steps(run_dir: Path) -> list[int]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    metrics = run_dir / "metrics.jsonl"
+    lines = metrics.read_text().splitlines() if metrics.exists() else []
     return [r["step"] for r in map(json.loads, filter(None, lines)) if r["kind"] == "step"]
 
 
@@ -103,6 +116,59 @@ def test_a_drained_node_costs_no_step(
     assert "before the deadline" in shown[0]
     saved = shown[0].split("checkpoint ")[1].split()[0]
     assert f"convoy: resumed from {saved}" in output
+    steps = logged_steps(run_dir)
+    assert steps == list(range(1, 111)), f"steps trained twice: {len(steps) - len(set(steps))}"
+    expected, got = final_weights(tmp_path / "straight"), final_weights(run_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+
+def test_a_stopped_torchrun_node_costs_no_step(
+    make_test_hosts: Callable[[int], TestHosts], tmp_path: Path
+) -> None:
+    """torchrun on two hosts (c10d): SIGTERM to one node's ``convoy train`` (which passes it
+    to its agent and workers) with a grace period before a SIGKILL. Both nodes' workers
+    save the same step and stop with the "stopped" code; the same commands resume."""
+    head, worker = make_test_hosts(2)
+    job = [*JOB, "strategy.name=ddp", "scaling.torchrun.nnodes=2"]
+    straight = head.run(
+        train_args(tmp_path, "straight", "scaling.launcher=torchrun", *JOB), timeout=300
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    run_dir = tmp_path / "tr-spot"
+    args = torchrun_args(tmp_path, "tr-spot", f"{head.ip}:29400", *job)
+
+    def start(attempt: str, slow: list[str]) -> list[Driver]:
+        return [
+            Driver(
+                host,
+                ["taskset", "-c", str(i % CORES), *args, *(f"-o{o}" for o in slow)],
+                tmp_path / f"{attempt}-{host.name}.log",
+            )
+            for i, host in enumerate((head, worker))
+        ]
+
+    nodes = start("first", SLOW)
+    nodes[0].wait_for(lambda: len(logged_steps(run_dir)) >= 15, timeout=240)
+    nodes[1].process.send_signal(signal.SIGTERM)  # the node's spot notice
+    grace_ends = time.monotonic() + 30
+    for node in nodes:
+        try:
+            node.process.wait(timeout=max(0.0, grace_ends - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            kill_namespace(worker.netns)  # the grace period is over: the node goes
+    codes = [node.process.returncode for node in nodes]
+    assert codes == [STOPPED_EXIT_CODE] * 2, [node.output[-3000:] for node in nodes]
+    stop_line = next(line for line in nodes[0].output.splitlines() if "stopped on" in line)
+    print(f"\n{stop_line}")
+    stopped_at = logged_steps(run_dir)[-1]
+    assert f"checkpoint step_{stopped_at:08d} committed" in stop_line
+
+    again = start("again", [])
+    for node in again:
+        assert node.wait(timeout=300) == 0, node.output[-4000:]
+    assert f"convoy: resumed from step_{stopped_at:08d}" in again[0].output
     steps = logged_steps(run_dir)
     assert steps == list(range(1, 111)), f"steps trained twice: {len(steps) - len(set(steps))}"
     expected, got = final_weights(tmp_path / "straight"), final_weights(run_dir)
