@@ -533,48 +533,55 @@ def _k8s_manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
     return render(load_job(args.recipe, args.override), args.kind)
 
 
+def _k8s_render(args: argparse.Namespace) -> int:
+    from convoy.k8s.render import to_yaml
+    from convoy.k8s.validate import check_manifests
+
+    manifests = _k8s_manifests(args)
+    check_manifests(manifests)
+    text = to_yaml(manifests)
+    if not args.out:
+        print(text, end="")
+        return 0
+    try:
+        with open(args.out, "w") as handle:
+            handle.write(text)
+    except OSError as exc:
+        from convoy.k8s import K8sError
+
+        raise K8sError(f"--out {args.out}: cannot write it ({exc.strerror or exc})") from None
+    return 0
+
+
+def _k8s_validate(args: argparse.Namespace) -> int:
+    from convoy.k8s import K8sError
+    from convoy.k8s.validate import check_manifests
+
+    manifests = _read_manifests(args.file)
+    if not manifests:
+        raise K8sError(f"{args.file}: no manifests (the file holds no YAML documents)")
+    if any(not isinstance(m, dict) for m in manifests):
+        raise K8sError(f"{args.file}: every YAML document must be a mapping (a manifest)")
+    check_manifests(manifests)
+    print(f"{args.file}: {len(manifests)} manifest(s) valid")
+    for warning in _grace_warnings(manifests):
+        print(f"convoy: warning: {warning}", file=sys.stderr)
+    return 0
+
+
+def _k8s_drain_node(args: argparse.Namespace) -> int:
+    from convoy.launchers.ray_preemption import drain_this_node
+
+    drain_this_node(args.deadline_s, args.address, wait=not args.no_wait)
+    return 0
+
+
 def cmd_k8s(args: argparse.Namespace) -> int:
     from convoy.k8s import control
-    from convoy.k8s.render import to_yaml
 
-    if args.k8s_command == "render":
-        from convoy.k8s.validate import check_manifests
-
-        manifests = _k8s_manifests(args)
-        check_manifests(manifests)
-        text = to_yaml(manifests)
-        if args.out:
-            try:
-                with open(args.out, "w") as handle:
-                    handle.write(text)
-            except OSError as exc:
-                from convoy.k8s import K8sError
-
-                raise K8sError(
-                    f"--out {args.out}: cannot write it ({exc.strerror or exc})"
-                ) from None
-        else:
-            print(text, end="")
-        return 0
-    if args.k8s_command == "validate":
-        from convoy.k8s import K8sError
-        from convoy.k8s.validate import check_manifests
-
-        manifests = _read_manifests(args.file)
-        if not manifests:
-            raise K8sError(f"{args.file}: no manifests (the file holds no YAML documents)")
-        if any(not isinstance(m, dict) for m in manifests):
-            raise K8sError(f"{args.file}: every YAML document must be a mapping (a manifest)")
-        check_manifests(manifests)
-        print(f"{args.file}: {len(manifests)} manifest(s) valid")
-        for warning in _grace_warnings(manifests):
-            print(f"convoy: warning: {warning}", file=sys.stderr)
-        return 0
-    if args.k8s_command == "drain-node":
-        from convoy.launchers.ray_preemption import drain_this_node
-
-        drain_this_node(args.deadline_s, args.address, wait=not args.no_wait)
-        return 0
+    local = {"render": _k8s_render, "validate": _k8s_validate, "drain-node": _k8s_drain_node}
+    if args.k8s_command in local:
+        return local[args.k8s_command](args)
     from convoy.k8s.client import BY_KIND, KubeApi
 
     if args.k8s_command == "submit":
