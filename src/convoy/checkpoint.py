@@ -194,6 +194,7 @@ class CheckpointManager:
         """Told of every commit (path relative to the run, the checkpoint's meta), every rank."""
         self._pending: _PendingSave | None = None
         self._group: Any = None
+        self._alone = False
         self.save_seconds: float | None = None
         """How long the last committed save took on this rank, from its start to its commit
         (an asynchronous one: to the end of its background write, plus the commit); read
@@ -207,21 +208,41 @@ class CheckpointManager:
         optimizer: torch.optim.Optimizer,
         extra: dict[str, Any],
         asynchronous: bool = False,
+        alone: bool = False,
     ) -> str:
         """Write every rank's shards, then commit; returns the checkpoint's name.
 
         With ``asynchronous`` the state is staged to CPU memory now and written by a
         background thread while training goes on; the commit happens in ``wait()``, which the
         next save (and the end of training) calls first.
+
+        With ``alone`` this rank (rank 0, where every rank holds the whole state) writes all
+        of it and commits without a collective, so ranks that may be gone are not waited for.
         """
+        if alone:
+            self._pending = None  # its commit would be a collective; a later save stands in
         self.wait()
+        self._alone = alone
+        try:
+            return self._save(position, model, optimizer, extra, asynchronous and not alone)
+        finally:
+            self._alone = False
+
+    def _save(
+        self,
+        position: Position,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        extra: dict[str, Any],
+        asynchronous: bool,
+    ) -> str:
         started = time.perf_counter()
         name = checkpoint_name(position.step)
         if self.ctx.is_main:
             with self._storage_errors(name):
                 # A leftover of a crashed attempt, or the same step saved again.
                 self._delete(name)
-        barrier()
+        self._barrier()
         written_to = self.storage.local_path(checkpoint_path(name)) or self._staging_dir(name)
         with self._storage_errors(name):
             written_to.mkdir(parents=True, exist_ok=True)
@@ -250,7 +271,7 @@ class CheckpointManager:
             self._pending = pending
             return name
         with self._storage_errors(name):
-            dcp.save(state, checkpoint_id=written_to, no_dist=not is_distributed())
+            dcp.save(state, checkpoint_id=written_to, no_dist=self._alone or not is_distributed())
         meta["save_seconds"] = time.perf_counter() - started
         self._publish(meta, name, written_to)
         self.save_seconds = time.perf_counter() - started
@@ -313,13 +334,30 @@ class CheckpointManager:
         return self._group
 
     def _commit(self, meta: dict[str, Any], name: str) -> None:
-        barrier()  # every rank's shards and RNG file are in place
+        self._barrier()  # every rank's shards and RNG file are in place
         if self.ctx.is_main:
             with self._storage_errors(name):
                 self.storage.write_text(f"{checkpoint_path(name)}/{META_FILE}", json.dumps(meta))
             if self.reporter is None:
                 self._prune()
-        barrier()
+        self._barrier()
+
+    def _barrier(self) -> None:
+        if not self._alone:
+            barrier()
+
+    def report_once_committed(self, name: str, deadline: float | None) -> None:
+        """On a rank that did not take part in a save made ``alone``: wait until it is
+        committed (or the deadline passes), then report it as every rank reports a commit."""
+        marker = f"{checkpoint_path(name)}/{META_FILE}"
+        give_up = deadline if deadline is not None else time.time() + 120.0
+        while not self.storage.exists(marker):
+            if time.time() > give_up:
+                return
+            time.sleep(0.1)
+        meta = json.loads(self.storage.read_text(marker))
+        if self.reporter is not None:
+            self.reporter(checkpoint_path(name), meta.get("metrics", {}))
 
     def _delete(self, name: str) -> None:
         # The commit marker goes first: a deletion cut short leaves a partial, never a

@@ -466,6 +466,11 @@ class ScalingConfig(Section):
     """Ray: restarts after a node of the run was preempted (drained, then gone), counted
     apart from ``max_failures``; -1: no limit (Ray Train's default). Under torchrun a
     restart after a stop is one of ``--max-restarts``."""
+    relax_collectives_on_preemption: bool = False
+    """Ray, ddp: on a node's preemption notice the other ranks save without it (rank 0
+    writes the whole model and optimizer alone, and Ray's report barrier leaves the
+    preempted ranks out), so a node that dies before the save is done costs no step. Each
+    rank's RNG state is saved only for rank 0."""
     torchrun: TorchrunConfig = Field(default_factory=TorchrunConfig)
     ray: RayLauncherConfig = Field(default_factory=RayLauncherConfig)
     """The `ray` launcher's embedded local Ray: start-up bound and the train workers' priority."""
@@ -902,6 +907,27 @@ def workers_per_node(job: Job) -> int | None:
     return None
 
 
+def _check_relaxed_collectives(job: Job) -> None:
+    """Relaxed collectives are Ray Train's, and need every rank to hold the whole model."""
+    if not job.scaling.relax_collectives_on_preemption:
+        return
+    from convoy.strategies import strategy_class
+
+    field = "scaling.relax_collectives_on_preemption"
+    if job.scaling.launcher != "ray":
+        raise ConfigError(field, True, "an option of scaling.launcher 'ray' (Ray Train's)")
+    sharding = strategy_class(job.strategy.name).sharding
+    if sharding.parameters or sharding.optimizer_state:
+        raise ConfigError(
+            field,
+            True,
+            f"needs every rank to hold the whole model and optimizer (ddp), so one rank can "
+            f"save them alone; strategy '{job.strategy.name}' shards them",
+        )
+    if not job.run.stop_on_signal:
+        raise ConfigError(field, True, "acts on preemption notices: needs run.stop_on_signal: true")
+
+
 def check_job(job: Job) -> None:
     """Checks that need more than one section. Raises ``ConfigError``."""
     workers = job.scaling.max_workers
@@ -919,6 +945,7 @@ def check_job(job: Job) -> None:
     job.strategy.check_layout(world_sizes(job.scaling), workers_per_node(job))
     if job.fault.kind != "none" and job.fault.rank >= workers:
         raise ConfigError("fault.rank", job.fault.rank, f"ranks are 0..{workers - 1}")
+    _check_relaxed_collectives(job)
     if job.fault.kind == "preempt" and not job.run.stop_on_signal:
         raise ConfigError(
             "fault.kind",

@@ -44,8 +44,8 @@ class WorkerContext:
     data: Any = None
     """Data the launcher prepared (a ``WorkerData`` of Ray Data shards); None: the engine
     builds DataLoaders itself."""
-    stop_notices: Callable[[], Any] | None = None
-    """The launcher's own stop notices (``convoy.engine.stop.NoticeSource``: Ray Train's
+    stop_notices: Any = None
+    """The launcher's own stop notices (a ``convoy.engine.stop.NoticeSource``: Ray Train's
     preemption notices), read at every step boundary; None: signals only."""
     sinks: tuple[Any, ...] = ()
     """The launcher's own event sinks (``convoy.engine.events.Sink``: Ray Train reports,

@@ -5,6 +5,9 @@
   drain-node``) mid-epoch, a replacement node joins, and the drained node is killed at its
   deadline. The run saves the step it finished on the notice, waits, and Ray Train restarts
   it on the head and the replacement from that checkpoint.
+- Ray, ddp with relaxed collectives: the drained node is killed about a second after the
+  drain, as soon as the notice is agreed; rank 0 saves alone and Ray registers the save
+  without the dead rank.
 - torchrun (c10d, one node per host): one node gets SIGTERM and, after a grace period, would
   get SIGKILL; both nodes save the same step and stop, and the same commands resume.
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -116,6 +120,70 @@ def test_a_drained_node_costs_no_step(
     assert "before the deadline" in shown[0]
     saved = shown[0].split("checkpoint ")[1].split()[0]
     assert f"convoy: resumed from {saved}" in output
+    steps = logged_steps(run_dir)
+    assert steps == list(range(1, 111)), f"steps trained twice: {len(steps) - len(set(steps))}"
+    expected, got = final_weights(tmp_path / "straight"), final_weights(run_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+
+def test_with_relaxed_collectives_a_node_that_dies_early_costs_no_step(
+    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
+) -> None:
+    """ddp with ``scaling.relax_collectives_on_preemption``: the drained node is killed as
+    soon as the notice is agreed, long before its deadline, while rank 0 saves. Rank 0 saves
+    alone and Ray's report barrier leaves the dead rank out, so the run still resumes from
+    that save. The head takes no workers here, so the rank off rank 0's node can be drained
+    without taking Ray's head with it."""
+    head, first, second, replacement = make_test_hosts(4)
+    ray_nodes.start_head(head, num_cpus=0, env=FAST_NODE_DEATH_ENV)
+    nodes = {h.ip: ray_nodes.start_worker(h, ray_nodes.head.address, num_cpus=1)
+             for h in (first, second)}  # fmt: skip
+    job = [*JOB, "strategy.name=ddp"]
+    straight = head.run(
+        train_args(tmp_path, "straight", "scaling.launcher=torchrun", *job), timeout=300
+    )
+    assert straight.returncode == 0, straight.stderr[-3000:]
+
+    env = {**ray_nodes.driver_env(), "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1"}
+    run_dir = tmp_path / "relaxed"
+    # Ray 2.60 counts a drained node that dies before its deadline (missed heartbeats) as a
+    # failure, not a preemption: one restart is allowed for it.
+    relaxed = [
+        *job, *SLOW, "scaling.relax_collectives_on_preemption=true", "scaling.max_failures=1"
+    ]  # fmt: skip
+    driver = Driver(head, train_args(tmp_path, "relaxed", *relaxed), tmp_path / "driver.log", env)
+    driver.wait_for(lambda: (run_dir / "metrics.jsonl").exists(), timeout=240)
+    started = time.monotonic()
+    driver.wait_for(
+        lambda: time.monotonic() - started > 12 and len(logged_steps(run_dir)) >= 20, 240
+    )
+    # The node of rank 1: Ray lists the group as "(ip=..., pid=...) world_rank=1".
+    victim_ip = re.findall(r"ip=([\d.]+), pid=\d+\) world_rank=1", driver.output)[-1]
+    node_id = head.run(
+        [sys.executable, "-c", NODE_ID], env={**env, "NODE_IP": victim_ip}, check=True
+    ).stdout.strip()
+    drain = [
+        str(Path(sys.executable).with_name("ray")), "drain-node", f"--node-id={node_id}",
+        "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot reclaim (test)",
+        f"--deadline-remaining-seconds={DEADLINE_S}",
+    ]  # fmt: skip
+    head.run(drain, env=env, check=True)
+    drained_at = time.monotonic()
+    driver.wait_for(lambda: "without waiting for them" in driver.output, timeout=DEADLINE_S)
+    ray_nodes.kill_node(nodes[victim_ip])  # gone long before its deadline
+    killed_after = time.monotonic() - drained_at
+    ray_nodes.add_worker(replacement, num_cpus=1)
+    assert driver.wait(timeout=300) == 0, driver.output[-5000:]
+
+    output = driver.output
+    shown = [line for line in output.splitlines() if "rank 0" in line and "preempt" in line]
+    shown += [line for line in output.splitlines() if "resumed from" in line]
+    print("\n" + "\n".join(shown) + f"\nnode killed {killed_after:.1f} s after the drain")
+    assert killed_after < DEADLINE_S / 2
+    saved = re.search(r"checkpoint (step_\d+) committed by rank 0 alone", output)
+    assert saved, output[-5000:]
+    assert f"convoy: resumed from {saved.group(1)}" in output
     steps = logged_steps(run_dir)
     assert steps == list(range(1, 111)), f"steps trained twice: {len(steps) - len(set(steps))}"
     expected, got = final_weights(tmp_path / "straight"), final_weights(run_dir)

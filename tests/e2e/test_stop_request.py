@@ -87,8 +87,9 @@ def test_sigterm_saves_the_finished_step_and_the_same_command_resumes(
     process = subprocess.Popen(stopped, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for_step(run_dir, 5, process)
     os.kill(process.pid, signal.SIGTERM)
-    _out, err = process.communicate(timeout=RUN_TIMEOUT_S)
+    out, err = process.communicate(timeout=RUN_TIMEOUT_S)
     assert process.returncode == STOPPED_EXIT_CODE, err
+    err = out + err  # the loop's line (stdout), then the resume command (stderr)
     steps_before = logged_steps(run_dir)
     stop_step = steps_before[-1]
     assert 5 <= stop_step < STEPS

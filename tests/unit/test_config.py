@@ -126,6 +126,16 @@ BAD_INPUTS = [
     (["fault.kind=raise", "fault.rank=3"], "fault.rank", "ranks are 0..0"),
     (["fault.kind=freeze"], "fault.kind", "'hang', 'slow' or 'preempt'"),
     (
+        ["scaling.relax_collectives_on_preemption=true", "strategy={name: fsdp2}"],
+        "scaling.relax_collectives_on_preemption",
+        "strategy 'fsdp2' shards them",
+    ),
+    (
+        ["scaling.relax_collectives_on_preemption=true", "scaling.launcher=torchrun"],
+        "scaling.relax_collectives_on_preemption",
+        "an option of scaling.launcher 'ray'",
+    ),
+    (
         ["fault.kind=preempt", "run.stop_on_signal=false"],
         "fault.kind",
         "needs run.stop_on_signal: true",

@@ -4,6 +4,7 @@ interrupts at once, and the handlers that were there come back."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import time
@@ -54,13 +55,28 @@ def test_a_signal_carries_the_grace_period_as_its_deadline(
     assert grace_period_s() is None  # a value that is not a number gives no deadline
 
 
-def test_a_launchers_notice_is_read_at_the_boundary_and_off_the_main_thread() -> None:
-    marks: list[StopNotice] = []
-    watch = StopWatch(notices=lambda: marks[0] if marks else None)
+class Marks:
+    """A launcher's notices as Ray's would come: a mark set from outside, then confirmed."""
+
+    def __init__(self) -> None:
+        self.marks: list[StopNotice] = []
+
+    def poll(self) -> StopNotice | None:
+        return self.marks[0] if self.marks else None
+
+    def confirm(self, notice: StopNotice) -> StopNotice:
+        return dataclasses.replace(notice, preempted_ranks=(1,))
+
+
+def test_a_launchers_notice_is_read_at_the_boundary_and_confirmed() -> None:
+    source = Marks()
+    watch = StopWatch(notices=source)
     assert watch.agreed(CPU) is None
-    marks.append(StopNotice("preemption of node 10.0.0.2", time.time(), time.time() + 30))
+    source.marks.append(StopNotice("preemption of node 10.0.0.2", time.time(), time.time() + 30))
     notice = watch.agreed(CPU)
-    assert notice is marks[0]
+    assert notice is source.marks[0]
+    assert watch.confirm(notice).preempted_ranks == (1,)
+    assert StopWatch().confirm(notice) is notice  # signals only: nothing to confirm
 
 
 def test_off_means_no_request_is_ever_agreed() -> None:

@@ -188,8 +188,10 @@ class TrainState(StepParts):
         steps_per_epoch: int,
         metrics: dict[str, float] | None = None,
         asynchronous: bool = False,
+        alone: bool = False,
     ) -> None:
-        """Save unless checkpointing is off or this step is saved already."""
+        """Save unless checkpointing is off or this step is saved already. ``alone``: this
+        rank writes the whole state by itself, without a collective (relaxed collectives)."""
         if self.checkpoints is None or self.last_saved_step == self.step:
             return
         extra = {
@@ -201,7 +203,7 @@ class TrainState(StepParts):
             "metrics": metrics or self.latest_metrics,
         }
         position = self.position(epoch, steps_per_epoch)
-        self.checkpoints.save(position, self.model, self.optimizer, extra, asynchronous)
+        self.checkpoints.save(position, self.model, self.optimizer, extra, asynchronous, alone)
         self.last_saved_step = self.step
 
 
@@ -491,6 +493,9 @@ def _stop_after_step(
     """Save the step just finished (unless it is saved, or the notice leaves too little time
     to save it whole) and stop with ``StopRequested``."""
     latest = state.last_saved_step if state.last_saved_step >= 0 else None
+    notice = state.stop.confirm(notice)
+    if notice.relaxed:
+        _save_without_the_preempted(state, epoch, steps_per_epoch, notice, latest)
     notice, too_late = _judge_notice(state, notice)
     started = time.perf_counter()
     if state.checkpoints is None:
@@ -517,20 +522,57 @@ def _stop_after_step(
     message = f"stopped on {describe(notice)} after step {state.step}: {saved}"
     state.events.message(f"convoy: {message}")
     resumable = state.checkpoints is not None and (not too_late or latest is not None)
-    raise StopRequested(message, saved=resumable, shown=True)
+    raise StopRequested(message, saved=resumable, shown=True, notice=notice)
+
+
+def _save_without_the_preempted(
+    state: TrainState, epoch: int, steps_per_epoch: int, notice: StopNotice, latest: int | None
+) -> NoReturn:
+    """Relaxed collectives (ddp under Ray): rank 0 saves the whole state alone, without a
+    collective; the other ranks that stay report the checkpoint once it is committed (Ray's
+    report barrier then waits for them only); the preempted ranks do nothing. None of it
+    waits for a rank that may already be gone."""
+    checkpoints = state.checkpoints
+    name = checkpoint_name(state.step)
+    saved = "nothing saved: checkpointing is off"
+    if checkpoints is not None and state.rank == 0:
+        started = time.perf_counter()
+        state.events.message(
+            f"convoy: {notice.source} (ranks {list(notice.preempted_ranks)}): rank 0 saves "
+            f"step {state.step} without waiting for them (relaxed collectives)"
+        )
+        too_late = _too_late(state, notice)
+        if too_late:
+            since = checkpoint_name(latest) if latest is not None else "the start"
+            saved = f"not saved: {too_late}; the restart resumes from {since}"
+        else:
+            state.save_checkpoint(epoch, steps_per_epoch, alone=True)
+            saved = (
+                f"checkpoint {name} committed by rank 0 alone in "
+                f"{_seconds(time.perf_counter() - started)} (relaxed collectives)"
+            )
+        state.events.message(
+            f"convoy: stopped on {describe(notice)} after step {state.step}: {saved}"
+        )
+    elif checkpoints is not None and state.rank not in notice.preempted_ranks:
+        checkpoints.report_once_committed(name, notice.deadline)
+    raise StopRequested(f"stopped on {describe(notice)}", shown=True, notice=notice)
+
+
+def _too_late(state: TrainState, notice: StopNotice) -> str | None:
+    """Why this rank's save would not finish before the deadline, or None."""
+    left = notice.seconds_left()
+    needed = state.checkpoints.save_seconds if state.checkpoints is not None else None
+    if state.last_saved_step == state.step or left is None or needed is None or left >= needed:
+        return None
+    return f"{_seconds(max(left, 0.0))} were left and the last save took {_seconds(needed)}"
 
 
 def _judge_notice(state: TrainState, notice: StopNotice) -> tuple[StopNotice, str | None]:
     """The notice as the rank that got it sent it (the others know only its deadline), and
     why a save would not finish before that deadline, or None when it would or nobody knows.
     Rank 0 judges for all (every rank saves or none does); one gather, once per run."""
-    checkpoints = state.checkpoints
-    left = notice.seconds_left()
-    needed = checkpoints.save_seconds if checkpoints is not None else None
-    verdict = None
-    unsaved = state.last_saved_step != state.step
-    if unsaved and left is not None and needed is not None and left < needed:
-        verdict = f"{_seconds(max(left, 0.0))} were left and the last save took {_seconds(needed)}"
+    verdict = _too_late(state, notice)
     own = None if notice.source.startswith("a stop requested") else notice
     gathered = all_gather_objects((own, verdict))
     sent = next((n for n, _ in gathered if n is not None), notice)

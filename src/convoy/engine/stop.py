@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -51,11 +51,19 @@ class StopRequested(ConvoyError):
     """Training stopped on a request, after saving the step it had finished (``saved``:
     False where checkpointing is off)."""
 
-    def __init__(self, message: str, saved: bool = True, shown: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        saved: bool = True,
+        shown: bool = False,
+        notice: StopNotice | None = None,
+    ) -> None:
         super().__init__(message)
         self.saved = saved
         self.shown = shown
         """The message is on the console already (the loop ran in this process)."""
+        self.notice = notice
+        """The request the run stopped on, as the launcher confirmed it."""
 
 
 @contextlib.contextmanager
@@ -97,6 +105,11 @@ class StopNotice:
     received_at: float
     deadline: float | None = None
     """When the process will be killed; None when the sender did not say."""
+    preempted_ranks: tuple[int, ...] = ()
+    """A node preemption's ranks: those that go with the node."""
+    relaxed: bool = False
+    """The other ranks save without waiting for ``preempted_ranks`` (Ray's relaxed
+    collectives, where every rank holds the whole model: rank 0 saves alone)."""
 
     def seconds_left(self, now: float | None = None) -> float | None:
         if self.deadline is None:
@@ -104,9 +117,15 @@ class StopNotice:
         return self.deadline - (time.time() if now is None else now)
 
 
-NoticeSource = Callable[[], StopNotice | None]
-"""A launcher's own source of notices, read at every step boundary without a collective
-(Ray Train's preemption watcher's mark on this worker)."""
+class NoticeSource(Protocol):
+    """A launcher's own source of notices (Ray Train's preemption watcher's mark)."""
+
+    def poll(self) -> StopNotice | None:
+        """This worker's notice, if any: read at every step boundary, without a collective."""
+
+    def confirm(self, notice: StopNotice) -> StopNotice:
+        """The agreed ``notice`` as the launcher sees it (which node, which ranks, its
+        deadline), asked once on every rank after the agreement (it may be a collective)."""
 
 
 def grace_period_s() -> float | None:
@@ -187,7 +206,7 @@ class StopWatch:
         if not self.enabled:
             return None
         if self.notice is None and self.notices is not None:
-            self.notice = self.notices()
+            self.notice = self.notices.poll()
         notice = self.notice
         # MAX of (asked, -deadline): whether any rank was asked, and the earliest deadline.
         local = torch.tensor(
@@ -213,6 +232,10 @@ class StopWatch:
         if notice is None:
             return StopNotice("a stop requested on another rank", time.time(), deadline)
         return dataclasses.replace(notice, deadline=deadline)
+
+    def confirm(self, notice: StopNotice) -> StopNotice:
+        """The agreed ``notice``, confirmed by the launcher's source (every rank, once)."""
+        return self.notices.confirm(notice) if self.notices is not None else notice
 
     def settle(self) -> None:
         """Wait for the last reduction in flight (before the process group goes)."""

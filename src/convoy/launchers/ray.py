@@ -373,6 +373,7 @@ def build_trainer(
             failure_config=FailureConfig(  # type: ignore[call-arg]
                 max_failures=job.scaling.max_failures,
                 max_preemption_failures=job.scaling.max_preemption_failures,
+                relax_collectives_on_preemption=job.scaling.relax_collectives_on_preemption,
             ),
             checkpoint_config=checkpoint_config(job),
             callbacks=list(callbacks),
@@ -577,7 +578,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     from ray.train.torch import get_device
 
     from convoy.integrations.ray_train import RayTrainReportSink
-    from convoy.launchers.ray_preemption import preemption_notice, wait_for_preemption
+    from convoy.launchers.ray_preemption import RayPreemptionNotices, wait_for_preemption
 
     quiet_ray_loggers()
     job = job_from_dict(config["job"])
@@ -595,7 +596,7 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         cpus=ray.get_runtime_context().get_assigned_resources().get("CPU"),
         checkpoint_reporter=functools.partial(report_checkpoint, job, reports),
         resume_from=_ray_latest_checkpoint(),
-        stop_notices=preemption_notice,
+        stop_notices=RayPreemptionNotices(job.scaling.relax_collectives_on_preemption),
         sinks=(reports, *_prometheus_sinks(job, context.get_world_rank())),
     )
     if "ray_data" in config:

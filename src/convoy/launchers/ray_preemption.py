@@ -3,15 +3,21 @@ worker does once it has saved.
 
 Ray Train's preemption watcher polls the GCS for draining nodes (a spot reclaim the cloud
 announced, ``ray drain-node --reason DRAIN_NODE_REASON_PREEMPTION``) and marks every worker
-of the run. ``preemption_notice`` reads that mark on this worker without a collective, at
+of the run. ``RayPreemptionNotices.poll`` reads that mark on this worker without a collective, at
 every step boundary; the loop's stop agreement (one asynchronous all-reduce per step) shares
 it, and every rank saves the step it finished.
 
-Then ``wait_for_preemption``: every rank asks ``ray.train.get_preemption_info()`` once (a
-barrier, so all ranks act on the same answer), logs the node, its deadline and the save, and
-waits for the node to go. Ray Train's controller restarts the run when the node is gone or
-its deadline has passed, from the checkpoint just saved, and counts the restart against
+After the agreement every rank asks ``ray.train.get_preemption_info()`` once (a barrier, so
+all ranks act on the same answer: which node, which ranks, the deadline); they save, and
+``wait_for_preemption`` logs the node and its deadline and waits for the node to go. Ray
+Train's controller restarts the run when the node is gone or its deadline has passed, from
+the checkpoint just saved, and counts the restart against
 ``FailureConfig.max_preemption_failures`` rather than ``max_failures``.
+
+With ``scaling.relax_collectives_on_preemption`` (ddp only: every rank holds the whole model
+and optimizer) the preempted node's ranks do not take part in the save: rank 0 writes it
+alone, without a collective, and Ray's report barrier waits only for the ranks that stay.
+So a node that dies before the save is done costs nothing.
 
 Why wait rather than train on, as Ray's docstring suggests: every step trained after the
 save would be trained again after the restart, which comes at the deadline either way; waiting
@@ -32,41 +38,70 @@ NO_RESTART_AFTER_S = 60.0
 controller ends the group as soon as the deadline (plus ``preemption_grace_s``) passes."""
 
 
-def preemption_notice() -> StopNotice | None:
-    """Ray Train's preemption mark on this worker, as a stop notice (no collective)."""
-    from ray.train.v2._internal.execution.context import get_train_context
+class RayPreemptionNotices:
+    """Ray Train's preemption notices as the loop's ``NoticeSource``.
 
-    info = get_train_context().preemption_context.preemption_info
-    if info is None:
-        return None
-    deadline = info.deadline_ms / 1000 if info.deadline_ms else None
-    return StopNotice(f"preemption of {_nodes(info)}", time.time(), deadline)
+    ``relax``: ``scaling.relax_collectives_on_preemption`` (ddp: every rank holds the whole
+    model), under which the ranks off the preempted node save without it.
+    """
+
+    def __init__(self, relax: bool = False) -> None:
+        self.relax = relax
+
+    def poll(self) -> StopNotice | None:
+        """Ray Train's preemption mark on this worker (no collective)."""
+        from ray.train.v2._internal.execution.context import get_train_context
+
+        info = get_train_context().preemption_context.preemption_info
+        if info is None:
+            return None
+        return StopNotice(f"preemption of {_nodes(info)}", time.time(), _deadline(info))
+
+    def confirm(self, notice: StopNotice) -> StopNotice:
+        """Every rank asks ``ray.train.get_preemption_info()`` once (a barrier, so all act on
+        the same answer); a stop that is not a preemption stays as it was."""
+        import ray.train
+
+        info = ray.train.get_preemption_info()
+        if info is None:
+            return notice
+        ranks = tuple(info.preempted_ranks)
+        return StopNotice(
+            f"preemption of {_nodes(info)}",
+            notice.received_at,
+            _deadline(info),
+            preempted_ranks=ranks,
+            # Ray relaxes its barriers only while rank 0 survives (it holds the reports).
+            relaxed=self.relax and 0 not in ranks,
+        )
 
 
 def wait_for_preemption(stopped: StopRequested, rank: int) -> NoReturn:
-    """After a stop: if a node of this run is being preempted, say so and wait for Ray Train
-    to restart the run (it ends this worker); otherwise re-raise ``stopped``."""
-    import ray.train
-
-    info = ray.train.get_preemption_info()  # a barrier: every rank gets the same answer
-    if info is None:
+    """After a stop on a node preemption: say so and wait for Ray Train to restart the run
+    (it ends this worker); any other stop is re-raised."""
+    notice = stopped.notice
+    if notice is None or not notice.preempted_ranks:
         raise stopped
-    deadline = info.deadline_ms / 1000 if info.deadline_ms else None
     if rank == 0:
-        left = f"deadline in {deadline - time.time():.1f} s" if deadline else "no deadline given"
+        left = notice.seconds_left()
+        when = f"deadline in {left:.1f} s" if left is not None else "no deadline given"
         # Written, not printed: Ray Train's patched print() would show the line twice.
         sys.stdout.write(
-            f"convoy: {_nodes(info)} (ranks {info.preempted_ranks}) is being preempted, "
-            f"{left}: waiting for it to go; Ray Train then restarts the run from the "
-            "checkpoint just saved (a restart counted against "
-            "scaling.max_preemption_failures)\n"
+            f"convoy: {notice.source.removeprefix('preemption of ')} (ranks "
+            f"{list(notice.preempted_ranks)}) is being preempted, {when}: waiting for it to go; "
+            "Ray Train then restarts the run from the checkpoint just saved (a restart counted "
+            "against scaling.max_preemption_failures)\n"
         )
         sys.stdout.flush()
     # Ray Train ends this worker once the node is gone or its deadline has passed.
-    give_up = (deadline or time.time() + 120.0) + NO_RESTART_AFTER_S
+    give_up = (notice.deadline or time.time() + 120.0) + NO_RESTART_AFTER_S
     while time.time() < give_up:
         time.sleep(0.5)
     raise stopped
+
+
+def _deadline(info: Any) -> float | None:
+    return info.deadline_ms / 1000 if info.deadline_ms else None
 
 
 def _nodes(info: Any) -> str:
