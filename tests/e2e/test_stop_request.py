@@ -63,6 +63,23 @@ def final_weights(run_dir: Path, target: Path) -> dict[str, torch.Tensor]:
     return torch.load(target, weights_only=True)["model"]
 
 
+@pytest.fixture(scope="module")
+def straight_weights(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The final weights of an uninterrupted run, once per layout for the module (how often
+    the run checkpoints or may restart does not change them)."""
+    found: dict[str, dict[str, torch.Tensor]] = {}
+
+    def weights(launcher: str) -> dict[str, torch.Tensor]:
+        if launcher not in found:
+            storage = tmp_path_factory.mktemp(f"straight-{launcher}")
+            args = command(storage, "straight", LAYOUTS[launcher])
+            subprocess.run(args, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+            found[launcher] = final_weights(storage / "straight", storage / "straight.pt")
+        return found[launcher]
+
+    return weights
+
+
 def wait_for_step(run_dir: Path, step: int, process: subprocess.Popen[str]) -> None:
     deadline = time.monotonic() + RUN_TIMEOUT_S
     while time.monotonic() < deadline and process.poll() is None:
@@ -75,12 +92,12 @@ def wait_for_step(run_dir: Path, step: int, process: subprocess.Popen[str]) -> N
 
 @pytest.mark.parametrize("launcher", sorted(LAYOUTS))
 def test_sigterm_saves_the_finished_step_and_the_same_command_resumes(
-    launcher: str, tmp_path: Path
+    launcher: str,
+    straight_weights,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
 ) -> None:
     # Each step made slower (outside the math) so the signal lands mid-run.
     slow = ("fault.kind=slow", "fault.at_step=1", "fault.slow_seconds=0.15")
-    straight = command(tmp_path, "straight", LAYOUTS[launcher])
-    subprocess.run(straight, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
 
     stopped = command(tmp_path, "stopped", LAYOUTS[launcher], *slow)
     run_dir = tmp_path / "stopped"
@@ -102,7 +119,7 @@ def test_sigterm_saves_the_finished_step_and_the_same_command_resumes(
     assert f"resumed from step_{stop_step:08d}" in resumed.stdout
     steps = logged_steps(run_dir)
     assert steps == list(range(1, STEPS + 1))  # none lost, none repeated
-    expected = final_weights(tmp_path / "straight", tmp_path / "straight.pt")
+    expected = straight_weights(launcher)
     got = final_weights(run_dir, tmp_path / "stopped.pt")
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
@@ -119,27 +136,25 @@ def output_of(run: subprocess.CompletedProcess[str]) -> str:
     return run.stdout + run.stderr
 
 
-def assert_resumes_exactly(args: list[str], run_dir: Path, straight: Path, tmp: Path) -> str:
-    """Run ``args`` again: it finishes, and its final weights equal ``straight``'s."""
+def assert_resumes_exactly(
+    args: list[str], run_dir: Path, expected: dict[str, torch.Tensor], tmp: Path
+) -> str:
+    """Run ``args`` again: it finishes, and its final weights equal ``expected``."""
     resumed = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected = final_weights(straight, tmp / "straight.pt")
     got = final_weights(run_dir, tmp / "resumed.pt")
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), name
     return resumed.stdout
 
 
-def test_a_notice_to_one_rank_with_a_deadline_saves_on_every_rank(tmp_path: Path) -> None:
+def test_a_notice_to_one_rank_with_a_deadline_saves_on_every_rank(
+    straight_weights,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
     """``fault.kind: preempt`` on rank 1 of 2: rank 0 learns of it at the next boundary,
     both save the same step well before the deadline, and the resume repeats no step."""
     layout = LAYOUTS["torchrun"]
-    subprocess.run(
-        command(tmp_path, "straight", layout),
-        check=True,
-        capture_output=True,
-        timeout=RUN_TIMEOUT_S,
-    )
     notice = ("fault.kind=preempt", "fault.rank=1", "fault.at_step=6", "fault.deadline_s=60")
     args = command(tmp_path, "noticed", layout, *notice)
     err = output_of(stop_run(args))
@@ -151,20 +166,42 @@ def test_a_notice_to_one_rank_with_a_deadline_saves_on_every_rank(tmp_path: Path
     assert f"after step {stop_step}: checkpoint step_{stop_step:08d} committed in" in line
     assert "before the deadline" in line
     assert stop_step in (6, 7)  # read at the boundary after the one it came before
-    assert_resumes_exactly(args, run_dir, tmp_path / "straight", tmp_path)
+    assert_resumes_exactly(args, run_dir, straight_weights("torchrun"), tmp_path)
     assert logged_steps(run_dir) == list(range(1, STEPS + 1))
 
 
-def test_a_notice_shorter_than_a_save_resumes_from_the_last_checkpoint(tmp_path: Path) -> None:
+def test_with_restarts_torchrun_resumes_from_the_save_by_itself(
+    straight_weights,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
+    """``scaling.max_failures: 1`` (torchrun's ``--max-restarts``): the workers save and
+    exit "stopped", the agent starts them again, and they resume from that save in the same
+    ``convoy train``, which then succeeds."""
+    layout = [*LAYOUTS["torchrun"], "scaling.max_failures=1"]
+    notice = ("fault.kind=preempt", "fault.rank=1", "fault.at_step=6", "fault.deadline_s=60")
+    args = command(tmp_path, "restarted", layout, *notice)
+    run = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    assert run.returncode == 0, run.stderr[-3000:]
+    output = output_of(run)
+    run_dir = tmp_path / "restarted"
+    stopped = next(line for line in output.splitlines() if "convoy: stopped on" in line)
+    saved = stopped.split("checkpoint ")[1].split()[0]
+    assert f"convoy: resumed from {saved}" in output
+    assert not (run_dir / "stopped.txt").exists()  # the restart ran on: nothing stopped
+    assert logged_steps(run_dir) == list(range(1, STEPS + 1))
+    expected = straight_weights("torchrun")
+    got = final_weights(run_dir, tmp_path / "restarted.pt")
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+
+def test_a_notice_shorter_than_a_save_resumes_from_the_last_checkpoint(
+    straight_weights,
+    tmp_path: Path,  # type: ignore[no-untyped-def]
+) -> None:
     """A deadline already past: no save is started (so none is left half-written), the run
     says so, and the same command resumes from the last periodic checkpoint."""
     layout = [*LAYOUTS["local"], "checkpoint.every_steps=4"]
-    subprocess.run(
-        command(tmp_path, "straight", layout),
-        check=True,
-        capture_output=True,
-        timeout=RUN_TIMEOUT_S,
-    )
     notice = ("fault.kind=preempt", "fault.at_step=6", "fault.deadline_s=0")
     args = command(tmp_path, "late", layout, *notice)
     err = output_of(stop_run(args))
@@ -175,7 +212,7 @@ def test_a_notice_shorter_than_a_save_resumes_from_the_last_checkpoint(tmp_path:
     assert "resumes from step_00000004, the last checkpoint" in line
     assert "convoy: to resume: convoy train" in err
     assert sorted(p.name for p in checkpoint_root(run_dir).iterdir()) == ["step_00000004"]
-    out = assert_resumes_exactly(args, run_dir, tmp_path / "straight", tmp_path)
+    out = assert_resumes_exactly(args, run_dir, straight_weights("local"), tmp_path)
     assert "resumed from step_00000004" in out
     # Steps 5 and 6 are trained again: what a notice too short to save costs.
     assert logged_steps(run_dir) == [*range(1, 7), *range(5, STEPS + 1)]

@@ -243,6 +243,8 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     state.stragglers = StragglerWatch(job.monitor)
     state.stop = StopWatch(job.run.stop_on_signal, ctx.stop_notices, grace_period_s())
     state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
+    if ctx.is_main:
+        storage.delete(STOPPED_FILE)  # a restarted attempt (torchrun's agent) runs on
     try:
         steps = (steps_per_epoch, total_steps)
         with state.stop.installed():
