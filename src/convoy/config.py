@@ -546,9 +546,12 @@ class RunConfig(Section):
     """SIGTERM, SIGUSR1 or Ctrl-C (a spot notice, a scheduler, a user), and under Ray a
     preemption notice for a node of the run, save the step just finished and stop the run,
     resumable (exit code 75; under Ray, restarted by Ray Train once the node is gone); the
-    ranks agree on it with one two-element all-reduce per step. false: a signal ends the
+    ranks agree on it with a small all-reduce at most every ~0.1 s. false: a signal ends the
     workers as it would any program, and a preempted Ray run restarts from its last
     periodic checkpoint."""
+    stop_poll_s: Annotated[float, Field(ge=0)] = 0.1
+    """How often, at most, the ranks agree on stop requests (0: at every step boundary). A
+    request is acted on within about two of these, after a finished step."""
 
     @field_validator("storage_dir")
     @classmethod

@@ -241,7 +241,9 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     storage = RunStorage.at(job.run_uri)
     outputs = RunOutputs(storage, enabled=ctx.is_main)
     state.stragglers = StragglerWatch(job.monitor)
-    state.stop = StopWatch(job.run.stop_on_signal, ctx.stop_notices, grace_period_s())
+    state.stop = StopWatch(
+        job.run.stop_on_signal, ctx.stop_notices, grace_period_s(), job.run.stop_poll_s
+    )
     state.events = build_sinks(job, ctx, outputs, state.task.progress_metrics, total_steps)
     if ctx.is_main:
         storage.delete(STOPPED_FILE)  # a restarted attempt (torchrun's agent) runs on
