@@ -81,6 +81,17 @@ def uninterrupted(
     return weights
 
 
+def assert_no_step_redone_and_bitwise(run_dir: Path, expected: dict[str, torch.Tensor]) -> None:
+    """Every step logged once, and the final weights equal ``expected`` bit for bit."""
+    steps = logged_steps(run_dir)
+    assert steps == list(range(1, STEPS + 1)), (
+        f"steps trained twice: {len(steps) - len(set(steps))}"
+    )
+    got = final_weights(run_dir)
+    for name, tensor in expected.items():
+        assert torch.equal(tensor, got[name]), name
+
+
 def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
     target = run_dir.parent / f"{run_dir.name}.pt"
     dcp_to_torch_save(committed(run_dir)[-1].parent, target)
@@ -141,13 +152,7 @@ def test_a_drained_node_costs_no_step(
     assert "before the deadline" in shown[0]
     saved = shown[0].split("checkpoint ")[1].split()[0]
     assert f"convoy: resumed from {saved}" in output
-    steps = logged_steps(run_dir)
-    assert steps == list(range(1, STEPS + 1)), (
-        f"steps trained twice: {len(steps) - len(set(steps))}"
-    )
-    expected, got = uninterrupted(strategy), final_weights(run_dir)
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, got[name]), name
+    assert_no_step_redone_and_bitwise(run_dir, uninterrupted(strategy))
 
 
 def test_with_relaxed_collectives_a_node_that_dies_early_costs_no_step(
@@ -206,13 +211,7 @@ def test_with_relaxed_collectives_a_node_that_dies_early_costs_no_step(
     saved = re.search(r"checkpoint (step_\d+) committed by rank 0 alone", output)
     assert saved, output[-5000:]
     assert f"convoy: resumed from {saved.group(1)}" in output
-    steps = logged_steps(run_dir)
-    assert steps == list(range(1, STEPS + 1)), (
-        f"steps trained twice: {len(steps) - len(set(steps))}"
-    )
-    expected, got = uninterrupted("ddp"), final_weights(run_dir)
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, got[name]), name
+    assert_no_step_redone_and_bitwise(run_dir, uninterrupted("ddp"))
 
 
 def test_a_stopped_torchrun_node_costs_no_step(
@@ -259,10 +258,4 @@ def test_a_stopped_torchrun_node_costs_no_step(
     for node in again:
         assert node.wait(timeout=300) == 0, node.output[-4000:]
     assert f"convoy: resumed from step_{stopped_at:08d}" in again[0].output
-    steps = logged_steps(run_dir)
-    assert steps == list(range(1, STEPS + 1)), (
-        f"steps trained twice: {len(steps) - len(set(steps))}"
-    )
-    expected, got = uninterrupted("ddp"), final_weights(run_dir)
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, got[name]), name
+    assert_no_step_redone_and_bitwise(run_dir, uninterrupted("ddp"))
