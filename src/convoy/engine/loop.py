@@ -538,27 +538,29 @@ def _save_without_the_preempted(
     waits for a rank that may already be gone."""
     checkpoints = state.checkpoints
     name = checkpoint_name(state.step)
-    saved = "nothing saved: checkpointing is off"
-    if checkpoints is not None and state.rank == 0:
-        started = time.perf_counter()
-        state.events.message(
-            f"convoy: {notice.source} (ranks {list(notice.preempted_ranks)}): rank 0 saves "
-            f"step {state.step} without waiting for them (relaxed collectives)"
-        )
-        too_late = _too_late(state, notice)
-        if too_late:
-            since = checkpoint_name(latest) if latest is not None else "the start"
-            saved = f"not saved: {too_late}; the restart resumes from {since}"
-        else:
-            state.save_checkpoint(epoch, steps_per_epoch, alone=True)
-            saved = (
-                f"checkpoint {name} committed by rank 0 alone in "
-                f"{_seconds(time.perf_counter() - started)} (relaxed collectives)"
+    already = state.last_saved_step == state.step  # saved (and reported) by its own cadence
+    if state.rank == 0:
+        saved = "checkpointing is off, so nothing was saved"
+        if checkpoints is not None:
+            started = time.perf_counter()
+            state.events.message(
+                f"convoy: {notice.source} (ranks {list(notice.preempted_ranks)}): rank 0 saves "
+                f"step {state.step} without waiting for them (relaxed collectives)"
             )
+            too_late = _too_late(state, notice)
+            if too_late:
+                since = checkpoint_name(latest) if latest is not None else "the start"
+                saved = f"not saved: {too_late}; the restart resumes from {since}"
+            else:
+                state.save_checkpoint(epoch, steps_per_epoch, alone=True)
+                saved = (
+                    f"checkpoint {name} committed by rank 0 alone in "
+                    f"{_seconds(time.perf_counter() - started)} (relaxed collectives)"
+                )
         state.events.message(
             f"convoy: stopped on {describe(notice)} after step {state.step}: {saved}"
         )
-    elif checkpoints is not None and state.rank not in notice.preempted_ranks:
+    elif checkpoints is not None and not already and state.rank not in notice.preempted_ranks:
         checkpoints.report_once_committed(name, notice.deadline)
     raise StopRequested(f"stopped on {describe(notice)}", shown=True, notice=notice)
 
