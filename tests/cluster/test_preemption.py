@@ -53,6 +53,15 @@ NODE_ID = (
 )
 
 
+def ray_drain_node(node_id: str, deadline_s: int) -> list[str]:
+    """Ray's own drain command, as a cloud's spot notice reaches the GCS."""
+    return [
+        str(Path(sys.executable).with_name("ray")), "drain-node", f"--node-id={node_id}",
+        "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot reclaim (test)",
+        f"--deadline-remaining-seconds={deadline_s}",
+    ]  # fmt: skip
+
+
 def logged_steps(run_dir: Path) -> list[int]:
     metrics = run_dir / "metrics.jsonl"
     lines = metrics.read_text().splitlines() if metrics.exists() else []
@@ -126,12 +135,7 @@ def test_a_drained_node_costs_no_step(
         lambda: time.monotonic() - started > 12 and len(logged_steps(run_dir)) >= 20, 240
     )
     if strategy == "ddp":  # Ray's own command, from the head
-        drain = [
-            str(Path(sys.executable).with_name("ray")), "drain-node", f"--node-id={node_id}",
-            "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot reclaim (test)",
-            f"--deadline-remaining-seconds={deadline}",
-        ]  # fmt: skip
-        head.run(drain, env=env, check=True)
+        head.run(ray_drain_node(node_id, deadline), env=env, check=True)
     else:  # a rendered Ray worker pod's preStop hook, on the node itself
         drain = [*CONVOY, "k8s", "drain-node", f"--deadline-s={deadline}", "--no-wait"]
         done = worker.run(drain, env=env, check=True)
@@ -190,12 +194,7 @@ def test_with_relaxed_collectives_a_node_that_dies_early_costs_no_step(
     node_id = head.run(
         [sys.executable, "-c", NODE_ID], env={**env, "NODE_IP": victim_ip}, check=True
     ).stdout.strip()
-    drain = [
-        str(Path(sys.executable).with_name("ray")), "drain-node", f"--node-id={node_id}",
-        "--reason=DRAIN_NODE_REASON_PREEMPTION", "--reason-message=spot reclaim (test)",
-        f"--deadline-remaining-seconds={DEADLINE_S}",
-    ]  # fmt: skip
-    head.run(drain, env=env, check=True)
+    head.run(ray_drain_node(node_id, DEADLINE_S), env=env, check=True)
     drained_at = time.monotonic()
     driver.wait_for(lambda: "without waiting for them" in driver.output, timeout=DEADLINE_S)
     ray_nodes.kill_node(nodes[victim_ip])  # gone long before its deadline
