@@ -126,3 +126,9 @@ class PlannedMLP(torch.nn.Module):
         from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
         return {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
+
+
+def dict_inputs(rows: int = 8) -> dict[str, Any]:
+    """A user data factory whose inputs are dicts of tensors (for loaders that need tensors)."""
+    items = [({"features": torch.full((3,), float(i))}, torch.tensor(i % 2)) for i in range(rows)]
+    return {"train": items, "val": items, "test": items, "shape": {"num_classes": 2}}

@@ -28,8 +28,6 @@ from convoy.imports import installed
 from convoy.strategies.blocks import compiled_targets, model_blocks
 from convoy.tasks import Task, build_task
 
-# Sources the ray_data loader can stream (image classification).
-RAY_DATA_SOURCES = ("digits", "synthetic", "cifar10", "imagefolder", "parquet", "numpy")
 SAMPLE_ROWS = 2
 
 
@@ -52,9 +50,9 @@ def preflight(job: Job) -> Job:
     task = build_task(job.task.name, job.task.kwargs)
     check_model(job.model.name, job.model.kwargs)
     check_dataset(job.data)
-    check_loader(job)
     splits = load_splits(job.data)
     sample = sample_batch(job, splits)
+    check_loader(job, sample)
     check_task_data(job, task, splits)
     job = resolve_best_mode(job, task, splits)
     check_model_fits(job, task, splits, sample)
@@ -133,17 +131,19 @@ def resolve_best_mode(job: Job, task: Task, splits: Splits) -> Job:
     return job.model_copy(update={"checkpoint": checkpoint})
 
 
-def check_loader(job: Job) -> None:
-    """``data.loader: ray_data`` streams image-classification sources only."""
+def check_loader(job: Job, sample: tuple[Any, Any]) -> None:
+    """``data.loader: ray_data`` carries samples as tensor columns: inputs and targets must be
+    tensors (not dicts or tuples of them)."""
     if job.data.loader != "ray_data":
         return
-    if job.task.name != "classification" or job.data.name not in RAY_DATA_SOURCES:
-        raise ConfigError(
-            "data.loader",
-            "ray_data",
-            f"Ray Data ingestion streams image classification from {', '.join(RAY_DATA_SOURCES)}; "
-            f"task {job.task.name!r} on data {job.data.name!r} reads through data.loader: torch",
-        )
+    for what, value in zip(("inputs", "targets"), sample, strict=True):
+        if not isinstance(value, torch.Tensor):
+            raise ConfigError(
+                "data.loader",
+                "ray_data",
+                f"Ray Data carries each sample's inputs and targets as one tensor each; the "
+                f"{what} of {job.data.name!r} are {_describe(value)}: use data.loader: torch",
+            )
 
 
 def sample_batch(job: Job, splits: Splits, rows: int = SAMPLE_ROWS) -> tuple[Any, Any]:

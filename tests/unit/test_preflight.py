@@ -180,7 +180,15 @@ def check(overrides: list[str]) -> str:
         ([*LM, "model.kwargs.vocab_size=300"], "model.kwargs:", "smaller than the tokenizer's"),
         ([*LM, "data.seq_len=512"], "data.seq_len: got 512", "context_length 256"),
         (["task.name=regression", "data.name=digits"], "model.kwargs:", "num_outputs"),
-        (["data.loader=ray_data", "scaling.launcher=ray", *LM], "data.loader:", "torch"),
+        (
+            [
+                "data.loader=ray_data",
+                "scaling.launcher=ray",
+                "data.name=task_data_helpers:dict_inputs",
+            ],
+            "data.loader:",
+            "the inputs of 'task_data_helpers:dict_inputs' are a dict",
+        ),
     ],
 )
 def test_bad_task_model_and_data(overrides: list[str], starts: str, contains: str) -> None:

@@ -35,8 +35,8 @@ def test_array_rows_match_the_torch_dataset() -> None:
     }
     out = preprocess(batch)
     expected = torch.stack([dataset[i][0] for i in range(5)])
-    torch.testing.assert_close(torch.from_numpy(out["image"]), expected, rtol=0, atol=1e-6)
-    assert out["label"].tolist() == dataset.labels[:5].tolist()
+    torch.testing.assert_close(torch.from_numpy(out["x"]), expected, rtol=0, atol=1e-6)
+    assert out["y"].tolist() == dataset.labels[:5].tolist()
 
 
 def test_encoded_rows_match_the_torch_dataset(imagefolder: Path) -> None:
@@ -51,8 +51,8 @@ def test_encoded_rows_match_the_torch_dataset(imagefolder: Path) -> None:
     }
     out = Preprocess("encoded", 32)(batch)
     expected = torch.stack([dataset[i][0] for i in range(4)])
-    assert torch.equal(torch.from_numpy(out["image"]), expected)
-    assert set(out) == {"index", "image", "label"}  # no bytes, paths or names leave
+    assert torch.equal(torch.from_numpy(out["x"]), expected)
+    assert set(out) == {"index", "x", "y"}  # no bytes, paths or names leave
 
 
 def test_an_unreadable_row_names_its_file(tmp_path: Path) -> None:
@@ -70,7 +70,7 @@ def test_augmentation_is_seeded_by_the_rows_of_the_batch() -> None:
 
     def run(indices: list[int]) -> np.ndarray:
         batch = {"index": np.array(indices), "image": images, "label": np.zeros(6)}
-        return preprocess(batch)["image"]
+        return preprocess(batch)["x"]
 
     assert np.array_equal(run([0, 1, 2, 3, 4, 5]), run([0, 1, 2, 3, 4, 5]))
     assert not np.array_equal(run([0, 1, 2, 3, 4, 5]), run([5, 4, 3, 2, 1, 0]))
@@ -83,3 +83,22 @@ def test_augmentation_is_seeded_by_the_rows_of_the_batch() -> None:
 def test_eval_rows_cover_the_split_once(size: int, world: int, expected: list[int]) -> None:
     assert eval_rows_per_rank(size, world) == expected
     assert sum(expected) == size
+
+
+def test_finished_samples_become_the_same_tensor_rows() -> None:
+    """Token sequences (computed per item) and sensor series (a TensorDataset) pass through
+    as the torch loader's collate would stack them."""
+    from convoy.data.ray_data import sample_arrays
+
+    text = load_splits(DataConfig(name="text", tokenizer="bytes", seq_len=16)).val
+    rows = range(3, len(text))  # the last sequence is the padded one
+    inputs, targets = sample_arrays(text, rows)
+    assert inputs.dtype == np.int64 and inputs.shape == (len(rows), 16)
+    for i, row in enumerate(rows):
+        assert np.array_equal(inputs[i], text[row][0].numpy())
+        assert np.array_equal(targets[i], text[row][1].numpy())
+    assert (targets[-1] == -100).any()
+    series = load_splits(DataConfig(name="basicmotions")).test
+    x, y = sample_arrays(series, range(5, 9))
+    assert np.array_equal(x, np.stack([series[i][0].numpy() for i in range(5, 9)]))
+    assert y.tolist() == [int(series[i][1]) for i in range(5, 9)]

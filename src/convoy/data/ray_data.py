@@ -9,6 +9,9 @@ streams its shards (the driver checks only the label column).
   decoding, resizing and scaling run in ``map_batches`` on CPU;
 - arrays (digits, synthetic, cifar10, numpy) become a tensor column; scaling and
   normalization run in ``map_batches``;
+- every other source (sensor series, table rows, packed token sequences, user datasets)
+  becomes tensor columns ``x`` and ``y`` of its finished samples, so a batch is exactly the
+  torch loader's collate of the same rows;
 - training rows are reshuffled every epoch in two cheap stages, as Ray Data recommends for
   large data: the order of blocks (``randomize_block_order``, seeded by ``run.seed`` and
   reseeded per epoch), then rows within a buffer on each worker (``local_shuffle_buffer_size``
@@ -38,7 +41,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +60,6 @@ from convoy.data.parquet import (
     streams_whole_train,
 )
 from convoy.data.registry import load_splits
-from convoy.errors import DataError
 
 EVAL_SPLITS = ("val", "test")
 ROWS_PER_BLOCK = 256
@@ -73,8 +75,10 @@ class Preprocess:
     """What ``map_batches`` does to a batch of raw rows: decode or scale, then augment."""
 
     kind: str
-    """"encoded": rows hold a file path or encoded bytes; "array": a raw image tensor."""
-    image_size: int
+    """"encoded": rows hold a file path or encoded bytes; "array": a raw image tensor;
+    "tensor": finished samples ``x`` and targets ``y`` (sensor series, table rows, token
+    sequences), passed through."""
+    image_size: int = 0
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
     scale: float = 1.0
@@ -83,11 +87,14 @@ class Preprocess:
     seed: int = 0
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if self.kind == "tensor":  # the source already made the samples
+            return {"index": batch["index"], "x": batch["x"], "y": batch["y"]}
         images = self._decode(batch) if self.kind == "encoded" else self._scale(batch["image"])
         # Only what training needs leaves the pipeline (no bytes, paths or names).
         if self.crop_padding or self.flip:
             images = self._augment(images, batch["index"])
-        return {"index": batch["index"], "image": images.numpy(), "label": batch["label"]}
+        labels = np.asarray(batch["label"], dtype=np.int64)
+        return {"index": batch["index"], "x": images.numpy(), "y": labels}
 
     def _decode(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
         decoded = []
@@ -149,14 +156,20 @@ class RayDataPlan:
     sizes: dict[str, int]
     eval_rows: dict[str, list[int]]
     """Rows of each eval split per rank."""
+    sample: list[Any]
+    """[(shape, torch dtype name) of one input, of one target]."""
     skipped: tuple[str, ...] = ()
+    meta: dict[str, Any] = field(default_factory=dict)
+    """The source's facts for the task and the summary (``Splits.meta``, plain values)."""
 
     def worker_info(self) -> dict[str, Any]:
         return {
             "shape": self.shape,
             "sizes": self.sizes,
             "eval_rows": self.eval_rows,
+            "sample": self.sample,
             "skipped": list(self.skipped),
+            "meta": self.meta,
         }
 
 
@@ -164,19 +177,10 @@ def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Preprocess]:
     """A Ray Dataset of ``rows`` of a source dataset, and how to preprocess it."""
     import ray.data
 
+    index = np.arange(rows.start, rows.stop)
     if isinstance(dataset, TensorImageDataset):
-        import pyarrow as pa
-        from ray.data.extensions import ArrowTensorArray
-
-        index = np.arange(rows.start, rows.stop)
         images = dataset.images[rows.start : rows.stop].numpy()
-        table = pa.table(
-            {
-                "index": index,
-                "image": ArrowTensorArray.from_numpy(images),
-                "label": dataset.labels[rows.start : rows.stop].numpy(),
-            }
-        )
+        labels = dataset.labels[rows.start : rows.stop].numpy()
         preprocess = Preprocess(
             "array",
             int(images.shape[-1]),
@@ -186,8 +190,7 @@ def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Preprocess]:
             dataset.crop_padding,
             dataset.flip,
         )
-        blocks = [table.slice(i, ROWS_PER_BLOCK) for i in range(0, len(table), ROWS_PER_BLOCK)]
-        return ray.data.from_arrow(blocks or [table]), preprocess
+        return _from_columns({"index": index, "image": images, "label": labels}), preprocess
     if isinstance(dataset, EncodedImageDataset):
         items = [_encoded_row(i, dataset.records[i]) for i in rows]
         preprocess = Preprocess(
@@ -195,7 +198,45 @@ def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Preprocess]:
         )
         num_blocks = max(1, math.ceil(len(items) / ROWS_PER_BLOCK))
         return ray.data.from_items(items, override_num_blocks=num_blocks), preprocess
-    raise DataError(f"data.loader: ray_data cannot read {type(dataset).__name__} datasets")
+    # Any other source (sensor series, table rows, packed token sequences, user datasets)
+    # hands over finished samples.
+    x, y = sample_arrays(dataset, rows)
+    return _from_columns({"index": index, "x": x, "y": y}), Preprocess("tensor")
+
+
+def sample_arrays(dataset: SizedDataset, rows: range) -> tuple[np.ndarray, np.ndarray]:
+    """``rows`` of a dataset as two stacked arrays (inputs, targets), as the DataLoader's
+    collate makes them; every sample must have the same shapes."""
+    tensors = getattr(dataset, "tensors", None)
+    if isinstance(tensors, tuple) and len(tensors) == 2:  # a TensorDataset: no per-item calls
+        return tensors[0][rows.start : rows.stop].numpy(), tensors[1][
+            rows.start : rows.stop
+        ].numpy()
+    first = [torch.as_tensor(t) for t in dataset[rows.start if len(rows) else 0]]
+    x = np.empty((len(rows), *first[0].shape), dtype=first[0].numpy().dtype)
+    y = np.empty((len(rows), *first[1].shape), dtype=first[1].numpy().dtype)
+    for i, row in enumerate(rows):
+        sample, target = dataset[row]
+        x[i], y[i] = torch.as_tensor(sample).numpy(), torch.as_tensor(target).numpy()
+    return x, y
+
+
+def _from_columns(columns: dict[str, np.ndarray]) -> Any:
+    """A Ray Dataset of numpy columns in blocks of ``ROWS_PER_BLOCK`` rows: 1-D columns as
+    plain arrays, the others as Ray's tensor extension type (one fixed-shape tensor per row)."""
+    import pyarrow as pa
+    import ray.data
+    from ray.data.extensions import ArrowTensorArray
+
+    def arrow(values: np.ndarray) -> Any:
+        return pa.array(values) if values.ndim == 1 else ArrowTensorArray.from_numpy(values)
+
+    rows = len(next(iter(columns.values())))
+    blocks = [
+        pa.table({name: arrow(values[i : i + ROWS_PER_BLOCK]) for name, values in columns.items()})
+        for i in range(0, max(rows, 1), ROWS_PER_BLOCK)
+    ]
+    return ray.data.from_arrow(blocks)
 
 
 def _encoded_row(index: int, record: ImageRecord) -> dict[str, Any]:
@@ -267,7 +308,8 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
     )
     datasets["train"] = _preprocessed(shuffled, preprocess, job, train=True)
     eval_rows: dict[str, list[int]] = {}
-    cache = _eval_bytes(splits) <= job.data.ray_data.cache_eval_mib * 2**20
+    sample = sample_spec(splits)
+    cache = _eval_bytes(splits, sample) <= job.data.ray_data.cache_eval_mib * 2**20
     for split in EVAL_SPLITS:
         dataset = getattr(splits, split)
         eval_rows[split] = eval_rows_per_rank(len(dataset), world_size)
@@ -280,14 +322,21 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
             datasets[f"{split}_{rank}"] = chunk.materialize() if cache else chunk
             start += rows
     sizes = {"train": train_rows, "val": len(splits.val), "test": len(splits.test)}
-    return RayDataPlan(datasets, splits.shape, sizes, eval_rows, splits.skipped)
+    return RayDataPlan(
+        datasets, splits.shape, sizes, eval_rows, sample, splits.skipped, splits.meta
+    )
 
 
-def _eval_bytes(splits: Splits) -> int:
-    """What the preprocessed val and test splits take as float32 tensors."""
-    shape = splits.shape
-    sample = shape["in_channels"] * shape["image_size"] ** 2 * 4
-    return (len(splits.val) + len(splits.test)) * sample
+def sample_spec(splits: Splits) -> list[Any]:
+    """[(shape, torch dtype name) of one input, of one target], from one eval sample."""
+    split = splits.val if len(splits.val) else splits.test
+    return [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in split[0]]
+
+
+def _eval_bytes(splits: Splits, sample: list[Any]) -> int:
+    """What the preprocessed val and test splits take as tensors."""
+    per_row = sum(math.prod(shape) * getattr(torch, dtype).itemsize for shape, dtype in sample)
+    return (len(splits.val) + len(splits.test)) * per_row
 
 
 def _parquet_train(job: Job) -> tuple[Any, Preprocess, int]:
@@ -313,7 +362,7 @@ def _parquet_train(job: Job) -> tuple[Any, Preprocess, int]:
 def _as_batch(batch: dict[str, torch.Tensor], seen: list[int] | None) -> Batch:
     if seen is not None:
         seen += batch["index"].tolist()
-    return batch["image"], batch["label"].long()
+    return batch["x"], batch["y"]
 
 
 class RayTrainBatches:
@@ -375,13 +424,14 @@ class RayEvalBatches:
     """This rank's contiguous chunk of an eval split, padded to the common batch count."""
 
     def __init__(
-        self, shard: Any, batch_size: int, rows: list[int], rank: int, shape: dict[str, int]
+        self, shard: Any, batch_size: int, rows: list[int], rank: int, sample: list[Any]
     ) -> None:
         self.shard = shard
         self.batch_size = batch_size
         self.num_real = rows[rank]
         self.batches = math.ceil(max(rows) / batch_size)
-        self.shape = shape
+        self.sample = sample
+        """[(shape, dtype) of one input, of one target]: what a padding batch looks like."""
         self.seen: list[int] | None = None
         """Set to a list to record the row indices read (for audits and tests)."""
 
@@ -398,8 +448,11 @@ class RayEvalBatches:
             produced += 1
 
     def _empty(self) -> Batch:
-        c, s = self.shape["in_channels"], self.shape["image_size"]
-        return torch.zeros(1, c, s, s), torch.zeros(1, dtype=torch.long)
+        (x_shape, x_dtype), (y_shape, y_dtype) = self.sample
+        return (
+            torch.zeros(1, *x_shape, dtype=getattr(torch, x_dtype)),
+            torch.zeros(1, *y_shape, dtype=getattr(torch, y_dtype)),
+        )
 
 
 def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
@@ -424,7 +477,7 @@ def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) 
             job.data.eval_batch_size,
             info["eval_rows"][split],
             rank,
-            info["shape"],
+            info["sample"],
         )
         for split in EVAL_SPLITS
     }
@@ -435,4 +488,5 @@ def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) 
         info["shape"],
         info["sizes"],
         tuple(info["skipped"]),
+        info["meta"],
     )
