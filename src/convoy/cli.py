@@ -137,6 +137,22 @@ def _add_data_commands(commands: Any) -> None:
     convert.add_argument(
         "--shard-mb", type=float, default=256.0, help="target shard size in MiB (default 256)"
     )
+    synth = actions.add_parser(
+        "synth-telematics",
+        help="write a fleet's accelerometer/gyroscope windows with driving events (parquet)",
+        description="Seeded synthetic telematics: DEVICES vehicles x HOURS of 6-channel "
+        "series cut into labelled windows (normal, harsh_brake, harsh_accel, sharp_turn, "
+        "pothole), split by device into train/val/test parquet shards that data.name: series "
+        "streams. OUT is a folder or s3://bucket/prefix.",
+    )
+    synth.add_argument("out", help="output folder or s3://bucket/prefix")
+    synth.add_argument("--devices", type=int, required=True, help="vehicles (at least 3)")
+    synth.add_argument("--hours", type=float, required=True, help="hours recorded per vehicle")
+    synth.add_argument("--rate-hz", type=int, default=20, help="samples per second (default 20)")
+    synth.add_argument("--window-s", type=float, default=10.0, help="seconds per window (10)")
+    synth.add_argument("--seed", type=int, default=0)
+    synth.add_argument("--shard-mb", type=float, default=64.0, help="MiB per shard (64)")
+    synth.add_argument("--rows-per-group", type=int, default=512, help="rows per row group (512)")
     inspect = actions.add_parser(
         "inspect",
         help="counts, class balance, image sizes and unreadable files of a dataset",
@@ -339,6 +355,28 @@ def _cell(column: str, value: float | None) -> str:
     return f"{value:>12.4f}"
 
 
+def _synth_telematics(args: argparse.Namespace) -> int:
+    from convoy.data.telematics import FleetSpec, write_fleet
+
+    spec = FleetSpec(
+        args.devices,
+        args.hours,
+        args.rate_hz,
+        args.window_s,
+        args.seed,
+        args.shard_mb,
+        args.rows_per_group,
+    )
+    summary = write_fleet(spec, args.out)
+    rows = ", ".join(f"{split} {count:,}" for split, count in summary["rows"].items())
+    mib = sum(summary["rows"].values()) * summary["bytes_per_row"] / 2**20
+    print(
+        f"wrote {args.out}: {spec.devices} devices, windows of {spec.steps} steps x "
+        f"{len(summary['channels'])} channels; rows {rows} ({mib:,.1f} MiB of float32 series)"
+    )
+    return 0
+
+
 def cmd_data(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
@@ -348,6 +386,8 @@ def cmd_data(args: argparse.Namespace) -> int:
 
         print("\n".join(prepare_imagenet(Path(args.src), Path(args.dst)).lines()))
         return 0
+    if args.data_command == "synth-telematics":
+        return _synth_telematics(args)
     from convoy.data.convert import convert_dataset, inspect_dataset, report_lines
 
     if args.data_command == "convert":

@@ -82,7 +82,8 @@ class DataConfig(Section):
     """Keyword arguments for a user data factory."""
     path: str | None = None
     """Directory, file or archive for datasets read from disk (cifar10, imagefolder, parquet,
-    numpy; text: a .txt file, a folder of them, or parquet with a text column)."""
+    numpy; text: a .txt file, a folder of them, or parquet with a text column; series: a
+    folder or s3://bucket/prefix of parquet shards, streamed)."""
     seq_len: Annotated[int, Field(gt=0)] = 128
     """Tokens per training sequence (text): the corpus is packed into sequences this long."""
     tokenizer: Literal["bpe", "bytes"] = "bpe"
@@ -92,6 +93,17 @@ class DataConfig(Section):
     """text with tokenizer 'bpe': the vocabulary size to train."""
     text_column: str = "text"
     """text from parquet: the column that holds the documents."""
+    series_columns: list[str] | None = None
+    """series: the list columns that are the channels, in order (default: series.json's
+    channels, else every list column)."""
+    label_column: str = "label"
+    """series: the integer label column."""
+    series_len: Annotated[int, Field(gt=0)] | None = None
+    """series: the padding rule; every series is padded with zeros or cut to this many steps
+    (unset: all series must have one length)."""
+    shuffle_row_groups: Annotated[int, Field(gt=0)] = 4
+    """Streamed sources (series), torch loader: rows are shuffled within windows of this many
+    row groups, which is also what a worker holds in memory at once."""
     loader: Literal["torch", "ray_data"] = "torch"
     """torch: a DataLoader in every worker; ray_data: a Ray Data pipeline streamed into the
     Ray Train workers (needs scaling.launcher: ray)."""

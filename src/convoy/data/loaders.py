@@ -147,13 +147,27 @@ def torch_worker_data(
     seed: int,
     num_workers: int = 0,
     device: torch.device | None = None,
+    stream_window: int = 4,
 ) -> WorkerData:
-    """The ``torch`` loader's data for one rank."""
-    train = train_loader(
-        splits.train, global_batch, micro_batch, world_size, rank, seed, num_workers, device
-    )
+    """The ``torch`` loader's data for one rank: DataLoaders over exact samplers, or for a
+    streamed source (``ShardedSplit``) its row groups read window by window
+    (``convoy.data.streaming``; ``stream_window`` row groups at a time)."""
+    from convoy.data.shards import ShardedSplit
+    from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
+
+    train: TrainBatches
+    if isinstance(splits.train, ShardedSplit):
+        train = StreamedTrainBatches(
+            splits.train, global_batch, micro_batch, world_size, rank, seed, stream_window
+        )
+    else:
+        train = train_loader(
+            splits.train, global_batch, micro_batch, world_size, rank, seed, num_workers, device
+        )
     val, test = (
-        eval_loader(split, eval_batch, world_size, rank, num_workers)
+        StreamedEvalBatches(split, eval_batch, world_size, rank)
+        if isinstance(split, ShardedSplit)
+        else eval_loader(split, eval_batch, world_size, rank, num_workers)
         for split in (splits.val, splits.test)
     )
     sizes = {"train": len(splits.train), "val": len(splits.val), "test": len(splits.test)}

@@ -60,6 +60,7 @@ from convoy.data.parquet import (
     streams_whole_train,
 )
 from convoy.data.registry import load_splits
+from convoy.data.samplers import eval_rows_per_rank
 
 EVAL_SPLITS = ("val", "test")
 ROWS_PER_BLOCK = 256
@@ -282,12 +283,6 @@ def _preprocessed(ds: Any, preprocess: Preprocess, job: Job, train: bool) -> Any
         compute=ray.data.TaskPoolStrategy(size=cfg.concurrency),
         num_cpus=task_cpus,
     )
-
-
-def eval_rows_per_rank(size: int, world_size: int) -> list[int]:
-    """Contiguous chunks of ceil(size / W) rows; the last ranks may get fewer (or none)."""
-    chunk = math.ceil(size / world_size)
-    return [max(0, min(chunk, size - r * chunk)) for r in range(world_size)]
 
 
 def build_ray_data(job: Job, world_size: int) -> RayDataPlan:

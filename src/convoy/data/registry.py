@@ -16,6 +16,7 @@ from convoy.data.cifar10 import check_cifar10_path, load_cifar10
 from convoy.data.imagefolder import check_imagefolder_path, load_imagefolder
 from convoy.data.parquet import check_parquet_path, load_parquet
 from convoy.data.sensors import load_basicmotions
+from convoy.data.series import check_series_path, load_series
 from convoy.data.sources import check_numpy_path, load_digits, load_numpy, load_synthetic
 from convoy.data.tabular import load_diabetes
 from convoy.data.text import check_text_path, load_text
@@ -32,6 +33,7 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "text": load_text,
     "diabetes": load_diabetes,
     "basicmotions": load_basicmotions,
+    "series": load_series,
 }
 PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "cifar10": check_cifar10_path,
@@ -39,6 +41,7 @@ PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "parquet": check_parquet_path,
     "numpy": check_numpy_path,
     "text": check_text_path,
+    "series": check_series_path,
 }
 
 

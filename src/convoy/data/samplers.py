@@ -86,3 +86,9 @@ class ShardedEvalSampler(Sampler[int]):
 
     def __len__(self) -> int:
         return len(self.indices)
+
+
+def eval_rows_per_rank(size: int, world_size: int) -> list[int]:
+    """Contiguous chunks of ceil(size / W) rows; the last ranks may get fewer (or none)."""
+    chunk = math.ceil(size / world_size)
+    return [max(0, min(chunk, size - r * chunk)) for r in range(world_size)]

@@ -125,12 +125,20 @@ def _read_txt(path: Path) -> str:
 
 
 def _read_parquet(path: Path, column: str) -> list[str]:
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
-    names = pq.read_schema(path).names
-    if column not in names:
+    schema = pq.read_schema(path)
+    if column not in schema.names:
         raise ConfigError(
-            "data.text_column", column, f"{path} has no such column; it has {', '.join(names)}"
+            "data.text_column",
+            column,
+            f"{path} has no such column; it has {', '.join(schema.names)}",
+        )
+    kind = schema.field(column).type
+    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
+        raise ConfigError(
+            "data.text_column", column, f"{path}: the column is {kind}, not text (strings)"
         )
     values = pq.read_table(path, columns=[column]).column(column).to_pylist()
     if any(not isinstance(v, str) for v in values if v is not None):

@@ -412,6 +412,7 @@ def _worker_data(job: Job, ctx: WorkerContext, share: DataParallelRank) -> Worke
         seed=job.run.seed,
         num_workers=job.data.num_workers,
         device=ctx.device,
+        stream_window=job.data.shuffle_row_groups,
     )
 
 

@@ -107,6 +107,8 @@ def targets_of(dataset: Any, limit: int) -> torch.Tensor:
         return targets_of(parent, len(parent))[list(dataset.indices)][:limit]  # type: ignore[arg-type]
     if isinstance(dataset, TensorDataset) and len(dataset.tensors) == 2:
         return dataset.tensors[1][:limit]
+    if callable(getattr(dataset, "targets_head", None)):  # a streamed split: one column read
+        return dataset.targets_head(limit)
     if isinstance(getattr(dataset, "labels", None), torch.Tensor):
         return dataset.labels[:limit]
     records = getattr(dataset, "records", None)

@@ -1,0 +1,197 @@
+"""Parquet splits read one row group at a time, from a folder or ``s3://bucket/prefix``.
+
+A split is the sorted ``*.parquet`` files of one folder. Only their footers are read up front
+(rows, row groups, schema): nothing about a split grows a worker's memory with its size. A
+row group is the unit of reading, shuffling and sharding (``convoy.data.streaming`` for the
+torch loader, ``convoy.data.ray_data`` for Ray Data); ``ShardedSplit`` also answers
+``split[i]`` (reading, and keeping, the row group that holds row ``i``) so the checks and a
+single-process evaluation can treat it as any dataset.
+
+``s3://`` goes through pyarrow's S3 file system configured as the run's storage is (AWS
+credentials and region the standard way, ``AWS_ENDPOINT_URL`` for an S3-compatible server):
+the same settings serve checkpoints and data.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from convoy.errors import ConfigError
+from convoy.storage import is_remote
+
+Decode = Callable[[Any, str], tuple[torch.Tensor, torch.Tensor]]
+"""(a pyarrow table of one row group, its shard's name) -> (inputs, targets)."""
+
+
+@functools.lru_cache(maxsize=8)
+def open_location(location: str) -> tuple[Any, str]:
+    """(pyarrow file system, path in it) of a local folder or an ``s3://bucket/prefix``."""
+    import pyarrow.fs as pafs
+
+    if not is_remote(location):
+        return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
+    try:
+        fs, path = pafs.FileSystem.from_uri(location.rstrip("/"))
+    except (OSError, ValueError) as exc:
+        raise ConfigError(
+            "data.path", location, f"not an S3 location pyarrow can open: {exc}"
+        ) from None
+    return fs, path
+
+
+def join(root: str, *parts: str) -> str:
+    return "/".join((root.rstrip("/"), *parts))
+
+
+def list_shards(location: str, split: str) -> list[str]:
+    """The sorted ``*.parquet`` files of ``location/split`` (none if the folder is missing)."""
+    import pyarrow.fs as pafs
+
+    fs, root = open_location(location)
+    selector = pafs.FileSelector(join(root, split), allow_not_found=True)
+    try:
+        infos = fs.get_file_info(selector)
+    except OSError as exc:
+        raise ConfigError("data.path", location, _s3_hint(exc)) from None
+    return sorted(
+        info.path
+        for info in infos
+        if info.type == pafs.FileType.File and info.path.endswith(".parquet")
+    )
+
+
+def _s3_hint(exc: OSError) -> str:
+    detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    endpoint = os.environ.get("AWS_ENDPOINT_URL")
+    where = f"the endpoint {endpoint}" if endpoint else "AWS (AWS_ENDPOINT_URL is not set)"
+    keys = "set" if os.environ.get("AWS_ACCESS_KEY_ID") else "not set"
+    return (
+        f"cannot list it ({detail}); reading from {where} with AWS_ACCESS_KEY_ID {keys}: set "
+        "AWS_ENDPOINT_URL for an S3-compatible server and credentials that can read there"
+    )
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One row group of one shard, and where its rows start in the split."""
+
+    shard: str
+    index: int
+    rows: int
+    start: int
+
+
+def scan_shards(location: str, shards: list[str]) -> tuple[list[RowGroup], Any]:
+    """Every row group of ``shards`` (footers only) and their common schema. Refuses, naming
+    the shard, an empty shard or one whose columns differ from the first's."""
+    import pyarrow.parquet as pq
+
+    fs, _ = open_location(location)
+    groups: list[RowGroup] = []
+    schema: Any = None
+    first = ""
+    start = 0
+    for shard in shards:
+        with fs.open_input_file(shard) as handle:
+            metadata = pq.ParquetFile(handle).metadata
+        if metadata.num_rows == 0:
+            raise ConfigError(
+                "data.path", location, f"shard {shard} holds no rows; every shard needs rows"
+            )
+        found = metadata.schema.to_arrow_schema()
+        if schema is None:
+            schema, first = found, shard
+        elif not found.equals(schema):
+            raise ConfigError("data.path", location, schema_difference(first, schema, shard, found))
+        for index in range(metadata.num_row_groups):
+            rows = metadata.row_group(index).num_rows
+            if rows:
+                groups.append(RowGroup(shard, index, rows, start))
+                start += rows
+    return groups, schema
+
+
+def schema_difference(first: str, expected: Any, shard: str, found: Any) -> str:
+    for field in expected:
+        other = found.field(field.name) if field.name in found.names else None
+        if other is None:
+            return f"shard {shard} has no column {field.name!r}, which {first} has"
+        if not other.type.equals(field.type):
+            return (
+                f"shard {shard} column {field.name!r} is {other.type}, but {field.type} in {first}"
+            )
+    extra = next(name for name in found.names if name not in expected.names)
+    return f"shard {shard} has a column {extra!r} that {first} does not; shards must agree"
+
+
+class ShardedSplit:
+    """A split's row groups with a decoder: a dataset read one row group at a time."""
+
+    def __init__(
+        self,
+        location: str,
+        groups: list[RowGroup],
+        columns: list[str],
+        decode: Decode,
+        target_column: str,
+    ) -> None:
+        self.location = location
+        self.groups = groups
+        self.columns = columns
+        self.decode = decode
+        self.target_column = target_column
+        self._cached: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def __len__(self) -> int:
+        last = self.groups[-1] if self.groups else None
+        return last.start + last.rows if last else 0
+
+    def read(self, position: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The decoded (inputs, targets) of the ``position``-th row group."""
+        return self.decode(self.read_table(position), self.groups[position].shard)
+
+    def read_table(self, position: int, columns: list[str] | None = None) -> Any:
+        import pyarrow.parquet as pq
+
+        group = self.groups[position]
+        fs, _ = open_location(self.location)
+        with fs.open_input_file(group.shard) as handle:
+            return pq.ParquetFile(handle).read_row_group(
+                group.index, columns=columns or self.columns
+            )
+
+    def group_of(self, row: int) -> int:
+        """The position of the row group that holds ``row``."""
+        import bisect
+
+        if not 0 <= row < len(self):
+            raise IndexError(f"row {row} of a split of {len(self)}")
+        return bisect.bisect_right([g.start for g in self.groups], row) - 1
+
+    def __getitem__(self, row: int) -> tuple[torch.Tensor, torch.Tensor]:
+        position = self.group_of(row)
+        if self._cached is None or self._cached[0] != position:
+            self._cached = (position, self.read(position))
+        x, y = self._cached[1]
+        offset = row - self.groups[position].start
+        return x[offset], y[offset]
+
+    def targets_head(self, limit: int) -> torch.Tensor:
+        """The first ``limit`` targets, read from the target column alone (no inputs decoded)."""
+        values: list[Any] = []
+        column = self.target_column
+        for position in range(len(self.groups)):
+            if len(values) >= limit:
+                break
+            values += self.read_table(position, [column]).column(column).to_pylist()
+        return torch.tensor(values[:limit])
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_cached": None}  # what goes to a Ray task is the recipe

@@ -1,0 +1,172 @@
+"""Streamed splits (parquet row groups) through the torch loader: each row at most once per
+epoch over all ranks, an exact mid-epoch resume, every eval row once; and the ``series``
+source's checks, one line each."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+
+from convoy.config import DataConfig
+from convoy.data.registry import check_dataset, load_splits
+from convoy.data.shards import ShardedSplit, list_shards, scan_shards
+from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
+from convoy.data.telematics import FleetSpec, write_fleet
+from convoy.errors import ConfigError, DataError
+
+
+def row_ids(table: Any, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.tensor(table.column("id").to_numpy())
+    return ids, ids % 3
+
+
+def id_split(tmp_path: Path, sizes: list[list[int]]) -> ShardedSplit:
+    """Shards of row groups of the given sizes; row ids count up from 0."""
+    next_id = 0
+    for s, groups in enumerate(sizes):
+        path = tmp_path / "train" / f"part-{s:05d}.parquet"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        schema = pa.schema([("id", pa.int64())])
+        with pq.ParquetWriter(path, schema) as writer:
+            for rows in groups:
+                ids = np.arange(next_id, next_id + rows)
+                writer.write_table(pa.table({"id": ids}, schema=schema))
+                next_id += rows
+    groups, _ = scan_shards(str(tmp_path), list_shards(str(tmp_path), "train"))
+    return ShardedSplit(str(tmp_path), groups, ["id"], row_ids, "id")
+
+
+SIZES = [[7, 5, 9], [6], [8, 3, 11]]  # 49 rows in 7 row groups of odd sizes
+
+
+def epoch_rows(split: ShardedSplit, epoch: int, world: int, skip: int = 0) -> list[list[int]]:
+    ranks = []
+    for rank in range(world):
+        batches = StreamedTrainBatches(split, 8, 2, world, rank, seed=3, window=2)
+        batches.start_epoch(epoch, skip)
+        rows = [int(i) for x, _ in batches for i in x]
+        assert len(rows) == len(batches) * 2 - skip * (8 // world)
+        ranks.append(rows)
+    return ranks
+
+
+@pytest.mark.parametrize("world", [1, 2])
+def test_every_row_at_most_once_per_epoch_and_a_new_order_each_epoch(
+    tmp_path: Path, world: int
+) -> None:
+    split = id_split(tmp_path, SIZES)
+    epochs = [epoch_rows(split, epoch, world) for epoch in range(3)]
+    for ranks in epochs:
+        seen = [row for rows in ranks for row in rows]
+        assert len(seen) == len(set(seen))  # once at most
+        per_rank = len(ranks[0])
+        assert all(len(rows) == per_rank for rows in ranks)  # the same steps on every rank
+        assert per_rank % (8 // world) == 0  # whole shares of global batches of 8
+        assert len(seen) >= 49 - 8 * world - 11  # only a rank's tail of < 1 step is left
+        assert set(seen) <= set(range(49))
+    assert epochs[0] != epochs[1] != epochs[2]
+
+
+def test_a_resumed_epoch_continues_with_the_rows_not_yet_trained(tmp_path: Path) -> None:
+    split = id_split(tmp_path, SIZES)
+    for world in (1, 2):
+        whole = epoch_rows(split, epoch=1, world=world)
+        share = 8 // world
+        for skip in (1, 2, 3):
+            resumed = epoch_rows(split, epoch=1, world=world, skip=skip)
+            assert resumed == [rows[skip * share :] for rows in whole]
+
+
+def test_every_eval_row_once_over_ranks_with_masked_padding(tmp_path: Path) -> None:
+    split = id_split(tmp_path, SIZES)
+    for world in (1, 2, 3, 4):
+        seen, counts = [], []
+        for rank in range(world):
+            batches = StreamedEvalBatches(split, 4, world, rank)
+            rows = [int(i) for x, _ in batches for i in x]
+            counts.append(sum(1 for _ in batches))
+            seen += rows[: batches.num_real]
+        assert sorted(seen) == list(range(49))
+        assert len(set(counts)) == 1  # every rank runs the same number of batches
+
+
+def fleet(tmp_path: Path, **kwargs: Any) -> Path:
+    out = tmp_path / "fleet"
+    spec = {"devices": 5, "hours": 0.05, "rate_hz": 5, "rows_per_group": 4, **kwargs}
+    write_fleet(FleetSpec(**spec), str(out))
+    return out
+
+
+def test_the_series_source_streams_the_generated_fleet(tmp_path: Path) -> None:
+    path = fleet(tmp_path)
+    splits = load_splits(DataConfig(name="series", path=str(path)))
+    assert splits.shape == {"num_classes": 5, "in_channels": 6, "seq_len": 50}
+    assert (len(splits.train), len(splits.val), len(splits.test)) == (54, 18, 18)
+    x, y = splits.train[53]
+    assert x.shape == (6, 50) and x.dtype == torch.float32 and 0 <= int(y) < 5
+    # Standardized with the first training rows' statistics: about zero mean, unit std.
+    first = torch.stack([splits.train[i][0] for i in range(54)])
+    assert first.mean(dim=(0, 2)).abs().max() < 0.05
+    assert (first.std(dim=(0, 2)) - 1).abs().max() < 0.05
+    again = load_splits(DataConfig(name="series", path=str(path)))
+    assert torch.equal(again.test[7][0], splits.test[7][0])  # seeded: the same rows
+
+
+def rewrite(shard: Path, change: Any) -> None:
+    pq.write_table(change(pq.read_table(shard)), shard)
+
+
+def test_bad_series_data_is_refused_with_one_line(tmp_path: Path) -> None:
+    path = fleet(tmp_path)
+    shard = path / "train" / "part-00000.parquet"
+    cfg = DataConfig(name="series", path=str(path))
+    empty = path / "train" / "part-00009.parquet"
+    pq.write_table(pq.read_table(shard).slice(0, 0), empty)
+    with pytest.raises(ConfigError, match=r"data.path: .*shard .*part-00009.parquet holds no rows"):
+        load_splits(cfg)
+    empty.unlink()
+
+    renamed = path / "train" / "part-00001.parquet"
+    pq.write_table(pq.read_table(shard).rename_columns(
+        [c if c != "gyro_z" else "yaw" for c in pq.read_table(shard).column_names]
+    ), renamed)  # fmt: skip
+    with pytest.raises(ConfigError, match=r"part-00001.parquet has no column 'gyro_z'"):
+        load_splits(cfg)
+    renamed.unlink()
+
+    original = pq.read_table(shard)
+
+    def shorter_row_3(table: Any) -> Any:
+        values = table.column("accel_y").to_pylist()
+        values[3] = values[3][:40]
+        column = table.schema.field("accel_y")
+        return table.set_column(
+            table.column_names.index("accel_y"), column, pa.array(values, type=column.type)
+        )
+
+    rewrite(shard, shorter_row_3)
+    with pytest.raises(DataError, match=r"data.series_len: .*part-00000.parquet row 3 has 40"):
+        load_splits(cfg)
+    padded = load_splits(DataConfig(name="series", path=str(path), series_len=50))
+    assert torch.equal(padded.train[3][0][1, 40:], torch.full((10,), padded.train[3][0][1, 40]))
+    pq.write_table(original, shard)
+
+    with pytest.raises(ConfigError, match=r"data.label_column: got 'kind'; not a column"):
+        load_splits(DataConfig(name="series", path=str(path), label_column="kind"))
+    with pytest.raises(ConfigError, match=r"data.series_columns: got 'device'; is string"):
+        load_splits(DataConfig(name="series", path=str(path), series_columns=["device"]))
+    with pytest.raises(ConfigError, match=r"data.path: .*no parquet shards in train/"):
+        check_dataset(DataConfig(name="series", path=str(tmp_path)))
+
+
+def test_a_text_column_that_is_not_text_is_refused(tmp_path: Path) -> None:
+    corpus = tmp_path / "corpus.parquet"
+    pq.write_table(pa.table({"text": [1, 2, 3]}), corpus)
+    with pytest.raises(ConfigError, match=r"data.text_column: got 'text'; .* int64, not text"):
+        load_splits(DataConfig(name="text", path=str(corpus), tokenizer="bytes"))
