@@ -69,6 +69,11 @@ class RayDataConfig(Section):
     """Batches each train worker prefetches ahead of the step (iter_torch_batches)."""
     shuffle_buffer_rows: Annotated[int, Field(ge=0)] = 1024
     """Rows each train worker shuffles locally per epoch (after the block-order shuffle)."""
+    resources: dict[str, float] = Field(default_factory=dict)
+    """Custom Ray resources every preprocessing task or actor asks for, e.g.
+    ``{preprocess: 1}``: the map stages then run only on nodes started with that resource
+    (``ray start --resources '{"preprocess": 8}'``), so CPU-only nodes preprocess and the
+    training nodes only train."""
     cache_eval_mib: Annotated[float, Field(ge=0)] = 1024
     """Eval splits whose preprocessed tensors fit in this many MiB are preprocessed once and
     kept in the object store; larger ones are streamed at every evaluation."""

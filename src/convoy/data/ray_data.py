@@ -61,6 +61,7 @@ from convoy.data.parquet import (
 )
 from convoy.data.registry import load_splits
 from convoy.data.samplers import eval_rows_per_rank
+from convoy.data.shards import ShardedSplit
 
 EVAL_SPLITS = ("val", "test")
 ROWS_PER_BLOCK = 256
@@ -133,14 +134,34 @@ class Preprocess:
 class PreprocessActor:
     """The actor-pool form of ``Preprocess`` (``data.ray_data.compute: actors``)."""
 
-    def __init__(self, preprocess: Preprocess) -> None:
+    def __init__(self, preprocess: Transform) -> None:
         self.preprocess = preprocess
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self.preprocess(batch)
 
 
-def _run(preprocess: Preprocess, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+@dataclass(frozen=True)
+class ReadRowGroups:
+    """What ``map_batches`` does for a streamed source (``ShardedSplit``): each input row
+    names a row group and the slice of it to read; out come its decoded samples."""
+
+    split: ShardedSplit
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        xs, ys, index = [], [], []
+        for position, lo, hi in zip(batch["position"], batch["lo"], batch["hi"], strict=True):
+            x, y = self.split.read(int(position))
+            xs.append(x[lo:hi].numpy())
+            ys.append(y[lo:hi].numpy())
+            index.append(np.arange(lo, hi) + self.split.groups[int(position)].start)
+        return {"index": np.concatenate(index), "x": np.concatenate(xs), "y": np.concatenate(ys)}
+
+
+Transform = Preprocess | ReadRowGroups
+
+
+def _run(preprocess: Transform, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     return preprocess(batch)
 
 
@@ -174,10 +195,15 @@ class RayDataPlan:
         }
 
 
-def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Preprocess]:
+def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Transform]:
     """A Ray Dataset of ``rows`` of a source dataset, and how to preprocess it."""
     import ray.data
 
+    if isinstance(dataset, ShardedSplit):  # streamed: one item per row group, read in tasks
+        items = row_group_slices(dataset, rows)
+        return ray.data.from_items(items, override_num_blocks=max(1, len(items))), ReadRowGroups(
+            dataset
+        )
     index = np.arange(rows.start, rows.stop)
     if isinstance(dataset, TensorImageDataset):
         images = dataset.images[rows.start : rows.stop].numpy()
@@ -203,6 +229,16 @@ def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Preprocess]:
     # hands over finished samples.
     x, y = sample_arrays(dataset, rows)
     return _from_columns({"index": index, "x": x, "y": y}), Preprocess("tensor")
+
+
+def row_group_slices(split: ShardedSplit, rows: range) -> list[dict[str, int]]:
+    """The row groups that hold ``rows``, each with the slice of it inside them."""
+    slices = []
+    for position, group in enumerate(split.groups):
+        lo, hi = max(rows.start - group.start, 0), min(rows.stop - group.start, group.rows)
+        if lo < hi:
+            slices.append({"position": position, "lo": lo, "hi": hi})
+    return slices
 
 
 def sample_arrays(dataset: SizedDataset, rows: range) -> tuple[np.ndarray, np.ndarray]:
@@ -261,27 +297,32 @@ def cpu_shares(job: Job) -> tuple[float, float]:
     return min(1.0, cfg.reserved_cpus / 2), cfg.reserved_cpus / 2 / pool
 
 
-def _preprocessed(ds: Any, preprocess: Preprocess, job: Job, train: bool) -> Any:
+def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool) -> Any:
     import ray.data
 
     cfg = job.data.ray_data
     task_cpus, actor_cpus = cpu_shares(job)
+    # A row group is one call: its rows come out together, however many they are.
+    batch_size = 1 if isinstance(preprocess, ReadRowGroups) else cfg.batch_size
+    placement = {"resources": cfg.resources} if cfg.resources else {}
     if train and cfg.compute == "actors":
         return ds.map_batches(
             PreprocessActor,
             fn_constructor_args=(preprocess,),
-            batch_size=cfg.batch_size,
+            batch_size=batch_size,
             batch_format="numpy",
             compute=ray.data.ActorPoolStrategy(size=cfg.concurrency or 1),
             num_cpus=actor_cpus,
+            **placement,
         )
     # Eval datasets always use tasks: they run once per evaluation and must not hold CPUs.
     return ds.map_batches(
         functools.partial(_run, preprocess),
-        batch_size=cfg.batch_size,
+        batch_size=batch_size,
         batch_format="numpy",
         compute=ray.data.TaskPoolStrategy(size=cfg.concurrency),
         num_cpus=task_cpus,
+        **placement,
     )
 
 
@@ -292,12 +333,14 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
     streamed = streams_whole_train(job.data)
     splits = load_parquet(job.data, read_train=False) if streamed else load_splits(job.data)
     datasets: dict[str, Any] = {}
+    preprocess: Transform
     if streamed:
         train, preprocess, train_rows = _parquet_train(job)
     else:
         train, preprocess = _raw_rows(splits.train, range(len(splits.train)))
         train_rows = len(splits.train)
-    preprocess = replace(preprocess, seed=job.run.seed)
+    if isinstance(preprocess, Preprocess):
+        preprocess = replace(preprocess, seed=job.run.seed)
     shuffled = train.randomize_block_order(
         seed=RandomSeedConfig(seed=job.run.seed, reseed_after_execution=True)
     )
@@ -310,8 +353,8 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
         eval_rows[split] = eval_rows_per_rank(len(dataset), world_size)
         start = 0
         for rank, rows in enumerate(eval_rows[split]):
-            raw, preprocess = _raw_rows(dataset, range(start, start + rows))
-            chunk = _preprocessed(raw, preprocess, job, train=False)
+            raw, transform = _raw_rows(dataset, range(start, start + rows))
+            chunk = _preprocessed(raw, transform, job, train=False)
             # Preprocessed once and kept in the object store: a streamed eval split starts
             # its tasks again at every evaluation (measured: 10 s of a 11 s digits epoch).
             datasets[f"{split}_{rank}"] = chunk.materialize() if cache else chunk

@@ -40,9 +40,7 @@ def open_location(location: str) -> tuple[Any, str]:
     try:
         fs, path = pafs.FileSystem.from_uri(location.rstrip("/"))
     except (OSError, ValueError) as exc:
-        raise ConfigError(
-            "data.path", location, f"not an S3 location pyarrow can open: {exc}"
-        ) from None
+        raise ConfigError("data.path", location, _s3_hint("cannot open it", exc)) from None
     return fs, path
 
 
@@ -59,7 +57,7 @@ def list_shards(location: str, split: str) -> list[str]:
     try:
         infos = fs.get_file_info(selector)
     except OSError as exc:
-        raise ConfigError("data.path", location, _s3_hint(exc)) from None
+        raise ConfigError("data.path", location, _s3_hint("cannot list it", exc)) from None
     return sorted(
         info.path
         for info in infos
@@ -67,13 +65,13 @@ def list_shards(location: str, split: str) -> list[str]:
     )
 
 
-def _s3_hint(exc: OSError) -> str:
+def _s3_hint(failed: str, exc: Exception) -> str:
     detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
     endpoint = os.environ.get("AWS_ENDPOINT_URL")
     where = f"the endpoint {endpoint}" if endpoint else "AWS (AWS_ENDPOINT_URL is not set)"
     keys = "set" if os.environ.get("AWS_ACCESS_KEY_ID") else "not set"
     return (
-        f"cannot list it ({detail}); reading from {where} with AWS_ACCESS_KEY_ID {keys}: set "
+        f"{failed} ({detail}); reading from {where} with AWS_ACCESS_KEY_ID {keys}: set "
         "AWS_ENDPOINT_URL for an S3-compatible server and credentials that can read there"
     )
 
