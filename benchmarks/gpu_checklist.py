@@ -4,6 +4,7 @@ measured memory, and ``convoy bench compare``. Prints a short table last.
     python3 benchmarks/gpu_checklist.py --out "$OUT"          # on a CUDA machine
     python3 benchmarks/gpu_checklist.py --out /tmp/x --quick  # CPU dry run of every command
     python3 benchmarks/gpu_checklist.py --out "$OUT" --after-fixes  # the fixes' checks
+    python3 benchmarks/gpu_checklist.py --out "$OUT" --extras  # bf16 vs fp32 extras only
 
 Every step is a subprocess of ``python -m convoy`` (or pytest) with its own time limit; a step
 that fails is recorded (exit code and the last lines of its output) and the rest still run.
@@ -119,8 +120,16 @@ class Checklist:
     ) -> tuple[int | None, str]:
         return self.run(key, [sys.executable, "-m", "convoy", *args], limit_s, tree)
 
-    def train(self, key: str, recipe: str, overrides: list[str], limit_s: float) -> dict | None:
-        """``convoy train``; returns the run's summary.json, or None."""
+    def train(
+        self,
+        key: str,
+        recipe: str,
+        overrides: list[str],
+        limit_s: float,
+        global_batch: int | None = None,
+    ) -> dict | None:
+        """``convoy train``; returns the run's summary.json, or None. With ``global_batch``,
+        the picked summary also has the steady-state rate and MFU (from the median step)."""
         base = [f"run.storage_dir={self.runs}", f"run.name={key}", "run.progress=plain"]
         use_gpu = "false" if self.quick else "true"
         args = ["train", recipe]
@@ -131,8 +140,23 @@ class Checklist:
         if not path.is_file():
             return None
         summary = json.loads(path.read_text())
+        if global_batch:
+            summary["_global_batch"] = global_batch
         self.results["steps"][key]["summary"] = pick(summary)
         return summary
+
+    def plan(self, key: str, overrides: list[str], train_key: str) -> None:
+        """``convoy plan --check`` for fsdp2 x 1 with ``overrides``, recorded beside the
+        training run ``train_key`` of the same layout (its measured peak)."""
+        args = ["plan", LM, "--strategies", "fsdp2", "--world-sizes", "1", "--check", "--json",
+                "--gpu-memory", "80GiB"]  # fmt: skip
+        for item in overrides:
+            args += ["-o", item]
+        rc, text = self.convoy(key, args, 120)
+        if rc == 0:
+            with contextlib.suppress(ValueError):
+                found = json.loads(text[text.index("{") : text.rindex("}") + 1])
+                self.results.setdefault("plans", {})[key] = {"train": train_key, "plan": found}
 
     def _write(self, text: str) -> None:
         self.log.write(text)
@@ -150,7 +174,8 @@ SUMMARY_KEYS = (
     "samples_per_second", "tokens_per_second", "step_seconds_median", "step_seconds_p10",
     "step_seconds_p90", "train_seconds", "wall_seconds", "flops_per_sample",
     "tflops_per_second", "peak_flops_per_device", "mfu", "data_wait_fraction",
-    "peak_memory_bytes_per_rank", "peak_memory_reserved_bytes_per_rank", "metrics",
+    "peak_memory_bytes_per_rank", "peak_memory_reserved_bytes_per_rank", "compile_seconds",
+    "metrics",
 )  # fmt: skip
 
 
@@ -281,6 +306,12 @@ def main() -> int:
         action="store_true",
         help="run the checks of the fixes (plan, fsdp2 on CPU and GPU, bench compare, tests)",
     )
+    parser.add_argument(
+        "--extras",
+        action="store_true",
+        help="only the bf16-vs-fp32 extras (ViT at batch 1024, gpt_small fp32) with their "
+        "baselines, for a second call when the first one's deadline skipped them",
+    )
     args = parser.parse_args()
     if args.probe:
         print(json.dumps(probe()))
@@ -292,6 +323,8 @@ def main() -> int:
         followup(c, Path(args.followup).resolve())
     elif args.after_fixes:
         after_fixes(c)
+    elif args.extras:
+        precision_extras(c, baselines=True)
     else:
         checklist(c)
     (out / "results.json").write_text(json.dumps(c.results, indent=2, default=str))
@@ -307,79 +340,108 @@ def main() -> int:
 
 
 def checklist(c: Checklist) -> None:
-    """The four items of the checklist, on ``REPO``."""
+    """The checklist on ``REPO``: items 2-4 first (the measurements), then the CUDA tests
+    (item 1), then item 5's extras (fp32 LM, ViT at a batch that fills the GPU, the recipe's own
+    fsdp2 under torchrun, torch.compile and activation checkpointing on CUDA). The global
+    deadline skips whatever no longer fits, so the most important steps come first."""
     quick = c.quick
     py = sys.executable
+    use_gpu = "false" if quick else "true"
 
     # 0. The machine and the dtype probe.
     c.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.sm,"
                          "clocks.max.sm,power.limit", "--format=csv"], 30)  # fmt: skip
     c.results["tree"] = str(REPO)
     commit = REPO / "COMMIT"
-    c.results["commit"] = commit.read_text().strip() if commit.is_file() else None
+    c.results["commit"] = os.environ.get("CONVOY_COMMIT") or (
+        commit.read_text().strip() if commit.is_file() else None
+    )
     rc, text = c.run("probe", [py, str(Path(__file__).resolve()), "--probe"], 120)
     found = [line for line in text.splitlines() if line.startswith('{"torch"')]
     if rc == 0 and found:
         c.results["probe"] = json.loads(found[-1])
 
-    # 1. The CUDA tests.
-    c.run("pytest_gpu", [py, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider"], 240)
-    c.run("pytest_gpu_marked_collect", [py, "-m", "pytest", "tests", "-m", "gpu", "--co", "-q",
-                                        "-p", "no:cacheprovider"], 90)  # fmt: skip
-
     # 2. vit_course on synthetic CIFAR-shaped data: single / ddp on local, bf16 / fp32.
-    vit_size = [
-        "data.train_size=512",
-        "data.batch_size=32",
-        "run.max_steps=6",
-        "model.kwargs.depth=1",
-    ]
+    vit_size = ["data.train_size=512", "data.batch_size=32", "model.kwargs.depth=1"]
     vit_size = vit_size if quick else []
     vit_batch = 32 if quick else 128
-    vit: dict[str, Any] = {}
+    vit_steps = f"run.max_steps={6 if quick else 60}"
     for strat in ("single", "ddp"):
         for prec in ("bf16", "fp32"):
             key = f"vit_{strat}_{prec}"
-            overrides = [f"strategy={{name: {strat}}}", f"precision={prec}",
+            overrides = [f"strategy={{name: {strat}}}", f"precision={prec}", vit_steps,
                          "scaling.launcher=local", "scaling.num_workers=1", *vit_size]  # fmt: skip
-            vit[key] = c.train(key, VIT, overrides, 150)
-    # The recipe's own strategy (fsdp2, bf16) under torchrun, world 1.
-    key = "vit_fsdp2_bf16_torchrun"
-    vit[key] = c.train(key, VIT, ["scaling.num_workers=1", *vit_size], 150)
-    for key, summary in vit.items():
-        if summary:
-            summary["_global_batch"] = vit_batch
-            c.results["steps"][key]["summary"] = pick(summary)
+            c.train(key, VIT, overrides, 120, vit_batch)
 
     # 3. gpt_small, fsdp2, world 1 under torchrun: tokens/s, MFU, peak memory; then the plan.
-    gpt = [*GPT_SMALL, "run.max_steps=4" if quick else "run.max_steps=40"]
+    gpt = [*GPT_SMALL, f"run.max_steps={4 if quick else 30}"]
     if quick:
         gpt += ["model.name=gpt_tiny", "model.kwargs.vocab_size=512", "data.seq_len=128"]
-    for prec in ("bf16", "fp32"):
-        key = f"gpt_small_fsdp2_{prec}"
-        summary = c.train(key, LM, [*gpt, f"precision={prec}"], 200)
-        if summary:
-            summary["_global_batch"] = 16
-            c.results["steps"][key]["summary"] = pick(summary)
-        if prec == "bf16":  # the plan is for the bf16 layout; fp32 is an extra
-            plan = ["plan", LM, "--strategies", "fsdp2", "--world-sizes", "1", "--check",
-                    "--json", "--gpu-memory", "80GiB"]  # fmt: skip
-            for item in [*gpt, "precision=bf16"]:
-                plan += ["-o", item]
-            rc, text = c.convoy("plan_check_gpt_small_fsdp2_bf16", plan, 150)
-            if rc == 0:
-                with contextlib.suppress(ValueError):
-                    c.results["plan"] = json.loads(text[text.index("{") : text.rindex("}") + 1])
+    c.train("gpt_small_fsdp2_bf16", LM, [*gpt, "precision=bf16"], 150, 16)
+    c.plan("plan_check_gpt_small_fsdp2_bf16", [*gpt, "precision=bf16"], "gpt_small_fsdp2_bf16")
 
-    # 4. bench compare on the ViT recipe: single, ddp, fsdp2 (world 1), bf16, local launcher.
+    # 4. bench compare on the ViT recipe as it is (fsdp2's options stay with fsdp2): single,
+    # ddp, fsdp2 at world 1, bf16, local launcher.
     compare = ["bench", "compare", VIT, "--strategies", "single,ddp,fsdp2", "--workers", "1",
-               "--steps", "3" if quick else "30", "--warmup", "2" if quick else "5",
+               "--steps", "3" if quick else "20", "--warmup", "2" if quick else "5",
                "--out", str(c.runs / "bench")]  # fmt: skip
-    for item in ["strategy={name: fsdp2}", "scaling.launcher=local", "scaling.num_workers=1",
-                 f"scaling.use_gpu={'false' if quick else 'true'}", *vit_size]:  # fmt: skip
+    for item in ["scaling.launcher=local", "scaling.num_workers=1", f"scaling.use_gpu={use_gpu}",
+                 *vit_size]:  # fmt: skip
         compare += ["-o", item]
-    rc, text = c.convoy("bench_compare_vit", compare, 240)
+    rc, text = c.convoy("bench_compare_vit", compare, 150)
     c.results["compare_text"] = text.strip().splitlines()[-14:] if rc == 0 else None
+
+    # 1. The CUDA tests (after the measurements: they take the longest and passed before).
+    c.run("pytest_gpu", [py, "-m", "pytest", "tests/gpu", "-q", "-p", "no:cacheprovider"], 180)
+    c.run("pytest_gpu_marked_collect", [py, "-m", "pytest", "tests", "-m", "gpu", "--co", "-q",
+                                        "-p", "no:cacheprovider"], 60)  # fmt: skip
+
+    # 5. Extras, as long as the deadline allows, the ones never run on a GPU first:
+    # torch.compile (Inductor on CUDA) and activation checkpointing under fsdp2, bf16.
+    c.train("gpt_small_fsdp2_bf16_compile", LM, [*gpt, "precision=bf16", "run.compile=true"],
+            180, 16)  # fmt: skip
+    ac = [*gpt, "precision=bf16", "strategy.activation_checkpointing=full"]
+    c.train("gpt_small_fsdp2_bf16_ac", LM, ac, 120, 16)
+    c.plan("plan_check_gpt_small_fsdp2_bf16_ac", ac, "gpt_small_fsdp2_bf16_ac")
+    precision_extras(c, baselines=False)
+
+
+def precision_extras(c: Checklist, baselines: bool) -> None:
+    """bf16 against fp32 where the GPU, not the host, sets the pace: ViT at batch 1024 and
+    gpt_small in fp32 (under ``--extras`` with the batch-128 ViT and bf16 gpt_small runs
+    again, so each comparison is on one machine), then the recipe's own fsdp2 under torchrun."""
+    quick = c.quick
+    vit_size = ["data.train_size=512", "data.batch_size=32", "model.kwargs.depth=1"]
+    vit_size = vit_size if quick else []
+    vit_batch = 32 if quick else 128
+    vit_steps = f"run.max_steps={6 if quick else 60}"
+    gpt = [*GPT_SMALL, f"run.max_steps={4 if quick else 30}"]
+    if quick:
+        gpt += ["model.name=gpt_tiny", "model.kwargs.vocab_size=512", "data.seq_len=128"]
+    if baselines:
+        c.run("nvidia-smi", ["nvidia-smi", "--query-gpu=name,driver_version,memory.total,"
+                             "power.limit", "--format=csv"], 30)  # fmt: skip
+    # ViT at a batch that fills the GPU (the recipe's 128 is bound by the host).
+    big = ["data.batch_size=64", "data.train_size=1024"] if quick else [
+        "data.batch_size=1024", "data.train_size=40960", "data.eval_batch_size=1024"]  # fmt: skip
+    big_batch = 64 if quick else 1024
+    for prec in ("bf16", "fp32"):
+        overrides = ["strategy={name: single}", f"precision={prec}", "scaling.launcher=local",
+                     "scaling.num_workers=1", "run.max_steps=" + ("4" if quick else "25"),
+                     "run.epochs=1", *big, *vit_size[2:]]  # fmt: skip
+        c.train(f"vit_single_{prec}_batch{big_batch}", VIT, overrides, 120, big_batch)
+    if baselines:
+        for prec in ("bf16", "fp32"):
+            overrides = ["strategy={name: single}", f"precision={prec}", vit_steps,
+                         "scaling.launcher=local", "scaling.num_workers=1", *vit_size]  # fmt: skip
+            c.train(f"vit_single_{prec}", VIT, overrides, 120, vit_batch)
+    c.train("gpt_small_fsdp2_fp32", LM, [*gpt, "precision=fp32", "run.max_steps=" +
+                                         ("4" if quick else "15")], 120, 16)  # fmt: skip
+    if baselines:
+        c.train("gpt_small_fsdp2_bf16", LM, [*gpt, "precision=bf16"], 150, 16)
+    # The recipe's own strategy (fsdp2, bf16) under torchrun, world 1.
+    c.train("vit_fsdp2_bf16_torchrun", VIT, ["scaling.num_workers=1", vit_steps, *vit_size],
+            120, vit_batch)  # fmt: skip
 
 
 def followup(c: Checklist, fixed: Path) -> None:
@@ -498,8 +560,8 @@ def format_table(results: dict[str, Any]) -> str:
     for key, step in results["steps"].items():
         lines.append(f"| {key} | {step.get('rc')} | {step.get('seconds', '-')} |")
     lines += ["", "| run | prec | img or tok/s (summary) | steady /s | step ms (median) | MFU (summary) "
-              "| MFU (steady) | peak alloc MiB | peak reserved MiB |",
-              "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
+              "| MFU (steady) | peak alloc MiB | peak reserved MiB | compile s |",
+              "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for key, step in results["steps"].items():
         s = step.get("summary")
         if not s:
@@ -513,7 +575,8 @@ def format_table(results: dict[str, Any]) -> str:
         lines.append(
             f"| {key} | {s.get('precision')} | {_num(rate)} | {_num(steady)} | "
             f"{_num((s.get('step_seconds_median') or 0) * 1e3, 2)} | {_pct(s.get('mfu'))} | "
-            f"{_pct(s.get('mfu_steady'))} | {mem:,.0f} | {res:,.0f} |"
+            f"{_pct(s.get('mfu_steady'))} | {mem:,.0f} | {res:,.0f} | "
+            f"{_num(s.get('compile_seconds'), 1)} |"
         )
     probe_ = results.get("probe") or {}
     if probe_:
@@ -521,19 +584,28 @@ def format_table(results: dict[str, Any]) -> str:
                   f"matmul TFLOP/s {probe_.get('matmul_tflops')}"]  # fmt: skip
         for key, seen in probe_.get("dtypes", {}).items():
             lines.append(f"dtype {key}: {seen}")
-    plan = results.get("plan")
-    gpt = (results["steps"].get("gpt_small_fsdp2_bf16") or {}).get("summary")
-    if plan and gpt and plan.get("layouts"):
+    plans = dict(results.get("plans") or {})
+    if results.get("plan"):  # the follow-up and after-fixes parts record one plan
+        plans["plan"] = {"train": "gpt_small_fsdp2_bf16", "plan": results["plan"]}
+    for key, item in plans.items():
+        plan = item["plan"]
+        gpt = (results["steps"].get(item["train"]) or {}).get("summary")
+        if not plan.get("layouts"):
+            continue
         planned = plan["layouts"][0]["peak"]
         tracked = (plan.get("check") or [{}])[0].get("tracked_peak")
-        measured = gpt["peak_memory_bytes_per_rank"][0]
-        reserved = (gpt.get("peak_memory_reserved_bytes_per_rank") or [None])[0]
-        lines += [
-            "",
-            f"plan (fsdp2 x 1, bf16): planned peak {planned / 2**20:,.0f} MiB, tracked "
-            f"{tracked}, measured max_memory_allocated {measured / 2**20:,.0f} MiB "
-            f"(reserved {reserved}); planned / measured = {planned / measured:.3f}",
-        ]
+        if isinstance(tracked, dict):  # FSDPMemTracker's categories and their "Total"
+            tracked = tracked.get("Total")
+        line = f"{key}: planned peak {planned / 2**20:,.0f} MiB, tracked " + (
+            "-" if tracked is None else f"{tracked / 2**20:,.0f} MiB"
+        )
+        if gpt and gpt.get("peak_memory_bytes_per_rank"):
+            measured = gpt["peak_memory_bytes_per_rank"][0]
+            line += (
+                f", measured max_memory_allocated {measured / 2**20:,.0f} MiB "
+                f"({item['train']}); planned / measured = {planned / measured:.3f}"
+            )
+        lines += ["", line]
     for line in results.get("compare_text") or []:
         lines.append(line)
     return "\n".join(lines)
