@@ -199,3 +199,45 @@ def test_every_task_streams_and_evaluates_as_the_torch_loader(
         assert torch_loader[key] == pytest.approx(value, rel=1e-6, abs=1e-7), key
     counts = [k for k in tested if k in ("test/samples", "test/tokens")]
     assert all(torch_loader[k] == tested[k] for k in counts) and counts
+
+
+def test_a_fleet_streams_from_s3_through_either_loader(tmp_path: Path, ray_session, s3) -> None:  # type: ignore[no-untyped-def]
+    """Parquet series on the S3 test server: Ray Data reads their row groups in its tasks
+    (2 ranks), the torch loader streams them in-process; the same eval counts, and the Ray
+    Data run's test metrics equal the torch loader's on its weights."""
+    from convoy.data.telematics import FleetSpec, write_fleet
+
+    fleet = f"s3://{s3.bucket}/{tmp_path.name}/fleet"
+    written = write_fleet(FleetSpec(devices=6, hours=0.1, rate_hz=5, rows_per_group=8), fleet)
+    assert written["rows"] == {"test": 36, "val": 36, "train": 144}
+    common = [
+        "data.name=series",
+        f"data.path={fleet}",
+        "model={name: conv1d, kwargs: {hidden: 16, depth: 2}}",
+        "data.batch_size=16",
+        "data.eval_batch_size=10",
+        "checkpoint.every_epochs=1",
+        "run.epochs=1",
+    ]
+    streamed = convoy.train(
+        digits_job(tmp_path, *common, "scaling.cpus_per_worker=0.5", "run.name=ray-data")
+    )
+    torch_loader = evaluate_exported(export_checkpoint(streamed.run_dir, tmp_path / "export"))
+    metrics = streamed.summary["metrics"]
+    assert metrics["test/samples"] == torch_loader["test/samples"] == 36
+    for key in ("test/loss", "test/acc", "test/f1"):
+        assert torch_loader[key] == pytest.approx(metrics[key], rel=1e-6, abs=1e-7), key
+    assert metrics["train/samples"] == 144  # 72 rows a rank, 9 micro-batches of 8
+    local = convoy.train(
+        digits_job(
+            tmp_path,
+            *common,
+            "data.loader=torch",
+            "scaling.launcher=local",
+            "scaling.num_workers=1",
+            "strategy.name=single",
+            "run.name=torch",
+        )
+    )
+    assert local.summary["metrics"]["test/samples"] == 36
+    assert local.summary["metrics"]["train/samples"] == 144  # 9 steps of 16

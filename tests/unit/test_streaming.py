@@ -170,3 +170,16 @@ def test_a_text_column_that_is_not_text_is_refused(tmp_path: Path) -> None:
     pq.write_table(pa.table({"text": [1, 2, 3]}), corpus)
     with pytest.raises(ConfigError, match=r"data.text_column: got 'text'; .* int64, not text"):
         load_splits(DataConfig(name="text", path=str(corpus), tokenizer="bytes"))
+
+
+def test_an_s3_path_that_cannot_be_reached_says_what_to_set(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://127.0.0.1:9")  # nothing listens there
+    monkeypatch.delenv("AWS_ACCESS_KEY_ID", raising=False)
+    with pytest.raises(ConfigError) as refused:
+        check_dataset(DataConfig(name="series", path="s3://fleet-bucket/telematics"))
+    message = str(refused.value)
+    assert message.startswith("data.path: got 's3://fleet-bucket/telematics'; cannot ")
+    assert "http://127.0.0.1:9 with AWS_ACCESS_KEY_ID not set" in message
+    assert "\n" not in message
