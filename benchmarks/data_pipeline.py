@@ -97,7 +97,7 @@ def ray_data_rate(tree: Path, compute: str) -> float:
     for _ in train.iter_torch_batches(batch_size=128):  # first pass: starts tasks/actors
         pass
     start = time.perf_counter()
-    count = sum(len(batch["label"]) for batch in train.iter_torch_batches(batch_size=128))
+    count = sum(len(batch["y"]) for batch in train.iter_torch_batches(batch_size=128))
     return count / (time.perf_counter() - start)
 
 

@@ -204,6 +204,21 @@ def peak_memory_bytes(device: torch.device) -> int:
     """Peak accelerator memory allocated, or this process's peak resident set on CPU."""
     if device.type == "cuda":
         return int(torch.cuda.max_memory_allocated(device))
+    return peak_rss_bytes()
+
+
+def peak_rss_bytes() -> int:
+    """This process's peak resident set: ``VmHWM`` of ``/proc/self/status`` where there is
+    one. Not ``ru_maxrss``: Linux carries that over ``exec`` from the image it replaced, so a
+    worker forked from a large parent (a driver holding data, an S3 test server) would report
+    the parent's size."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 

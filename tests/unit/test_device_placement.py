@@ -75,3 +75,25 @@ def test_the_planners_optimizer_step_shards_on_a_cpu_mesh(monkeypatch: pytest.Mo
     assert cost.state > 0
     assert len(meshes) == 1
     assert meshes[0] is not None and meshes[0].device_type == "cpu" and meshes[0].size() == 2
+
+
+def test_peak_rss_is_this_image_not_the_one_exec_replaced() -> None:
+    """A worker started by fork + exec from a large parent reports its own peak: ``ru_maxrss``
+    keeps the parent's after exec, ``VmHWM`` does not."""
+    import subprocess
+    import sys
+
+    parent = (
+        "import subprocess, sys\n"
+        "ballast = bytearray(400 << 20)\n"  # the parent's memory, touched
+        "code = 'from convoy.distributed import peak_rss_bytes; print(peak_rss_bytes() >> 20)'\n"
+        "out = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True,\n"
+        "                     close_fds=False, preexec_fn=lambda: None).stdout\n"
+        "print(out.strip())\n"
+    )
+    child_mib = int(
+        subprocess.run(
+            [sys.executable, "-c", parent], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert child_mib < 300, child_mib
