@@ -52,7 +52,7 @@ def preflight(job: Job) -> Job:
     check_dataset(job.data)
     splits = load_splits(job.data)
     sample = sample_batch(job, splits)
-    check_loader(job, sample)
+    check_loader(job, splits, sample)
     check_task_data(job, task, splits)
     job = resolve_best_mode(job, task, splits)
     check_model_fits(job, task, splits, sample)
@@ -131,9 +131,19 @@ def resolve_best_mode(job: Job, task: Task, splits: Splits) -> Job:
     return job.model_copy(update={"checkpoint": checkpoint})
 
 
-def check_loader(job: Job, sample: tuple[Any, Any]) -> None:
-    """``data.loader: ray_data`` carries samples as tensor columns: inputs and targets must be
-    tensors (not dicts or tuples of them)."""
+def check_loader(job: Job, splits: Splits, sample: tuple[Any, Any]) -> None:
+    """A streamed source reads no DataLoader processes; ``data.loader: ray_data`` carries
+    samples as tensor columns: inputs and targets must be tensors (not dicts or tuples)."""
+    from convoy.data.shards import ShardedSplit
+
+    if isinstance(splits.train, ShardedSplit) and job.data.num_workers:
+        raise ConfigError(
+            "data.num_workers",
+            job.data.num_workers,
+            f"data {job.data.name!r} is streamed row group by row group, the next window read "
+            "in a background thread of each train worker, not by DataLoader processes; "
+            "leave it 0",
+        )
     if job.data.loader != "ray_data":
         return
     for what, value in zip(("inputs", "targets"), sample, strict=True):

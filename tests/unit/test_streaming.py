@@ -183,3 +183,16 @@ def test_an_s3_path_that_cannot_be_reached_says_what_to_set(
     assert message.startswith("data.path: got 's3://fleet-bucket/telematics'; cannot ")
     assert "http://127.0.0.1:9 with AWS_ACCESS_KEY_ID not set" in message
     assert "\n" not in message
+
+
+def test_a_streamed_source_refuses_dataloader_processes(tmp_path: Path) -> None:
+    from convoy.config import load_job
+    from convoy.preflight import preflight
+
+    path = fleet(tmp_path)
+    job = load_job(
+        None,
+        ["data.name=series", f"data.path={path}", "model.name=conv1d", "data.num_workers=2"],
+    )
+    with pytest.raises(ConfigError, match=r"data.num_workers: got 2; .* leave it 0"):
+        preflight(job)
