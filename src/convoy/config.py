@@ -78,6 +78,17 @@ class RayDataConfig(Section):
     """Eval splits whose preprocessed tensors fit in this many MiB are preprocessed once and
     kept in the object store; larger ones are streamed at every evaluation."""
 
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float]) -> dict[str, float]:
+        for name, amount in value.items():
+            if name in ("CPU", "GPU", "memory") or amount <= 0:
+                raise ValueError(
+                    f"{name}={amount}: allowed: custom resource names (not CPU, GPU or memory: "
+                    "CPUs come from reserved_cpus) with amounts above 0"
+                )
+        return value
+
 
 class DataConfig(Section):
     name: str = "digits"

@@ -780,3 +780,14 @@ def test_hsdp_on_a_one_node_ray_cluster_is_checked_before_any_worker(tmp_path: P
         prepare_on_cluster(OneNode(), load_job(None, base))
     split = prepare_on_cluster(OneNode(), load_job(None, [*base, "strategy.shard_size=2"]))
     assert split.strategy.shard_size == 2  # type: ignore[union-attr]
+
+
+def test_preprocessing_resources_must_be_offered_by_a_node_with_cpus() -> None:
+    from convoy.launchers.ray import check_data_resources
+
+    job = load_job(None, [*RAY_DATA, "data.ray_data.resources={preprocess: 1}"])
+    check_data_resources(job, [{"CPU": 1.0, "trainer": 2.0}, {"CPU": 1.0, "preprocess": 4.0}])
+    with pytest.raises(ResourceError, match=r"data.ray_data.resources: no node .* preprocess=1"):
+        check_data_resources(job, [{"CPU": 1.0, "trainer": 2.0}, {"preprocess": 4.0}])
+    with pytest.raises(ConfigError, match=r"data.ray_data.resources: got \{'GPU': 1\}"):
+        load_job(None, [*RAY_DATA, "data.ray_data.resources={GPU: 1}"])

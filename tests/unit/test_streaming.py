@@ -18,7 +18,7 @@ from convoy.data.registry import check_dataset, load_splits
 from convoy.data.shards import ShardedSplit, list_shards, scan_shards
 from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
 from convoy.data.telematics import FleetSpec, write_fleet
-from convoy.errors import ConfigError, DataError
+from convoy.errors import ConfigError, ConvoyError, DataError
 
 
 def row_ids(table: Any, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -196,3 +196,38 @@ def test_a_streamed_source_refuses_dataloader_processes(tmp_path: Path) -> None:
     )
     with pytest.raises(ConfigError, match=r"data.num_workers: got 2; .* leave it 0"):
         preflight(job)
+
+
+def test_other_bad_shards_are_one_line_too(tmp_path: Path) -> None:
+    path = fleet(tmp_path)
+    shard = path / "train" / "part-00000.parquet"
+    cfg = DataConfig(name="series", path=str(path))
+    original = pq.read_table(shard)
+    reordered = path / "train" / "part-00001.parquet"
+    pq.write_table(original.select(list(reversed(original.column_names))), reordered)
+    with pytest.raises(ConfigError, match=r"part-00001.parquet has the columns .* another order"):
+        load_splits(cfg)
+    reordered.write_bytes(b"not parquet")
+    with pytest.raises(ConfigError, match=r"data.path: .*cannot read shard .*part-00001.parquet"):
+        load_splits(cfg)
+    reordered.unlink()
+
+    labels = original.column("label").to_pylist()
+    labels[2] = None
+    nulls = original.set_column(2, "label", pa.array(labels, pa.int64()))
+    pq.write_table(nulls, shard)
+    with pytest.raises(DataError, match=r"data.label_column: shard .*part-00000.parquet row 2"):
+        load_splits(cfg)
+    pq.write_table(original, shard)
+
+    fixed = original.set_column(
+        3, "accel_x", original.column("accel_x").cast(pa.list_(pa.float32(), 50))
+    )
+    for name in ("train", "val", "test"):
+        for part in (path / name).glob("*.parquet"):
+            table = pq.read_table(part)
+            pq.write_table(table.set_column(3, "accel_x", table.column("accel_x").cast(fixed.schema.field("accel_x").type)), part)  # fmt: skip
+    cut = load_splits(DataConfig(name="series", path=str(path), series_len=30))
+    assert cut.train[0][0].shape == (6, 30)
+    with pytest.raises(ConvoyError, match=r"already holds a dataset"):
+        write_fleet(FleetSpec(devices=3, hours=0.05, rate_hz=5), str(path))

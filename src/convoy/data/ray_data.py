@@ -368,7 +368,8 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
 def sample_spec(splits: Splits) -> list[Any]:
     """[(shape, torch dtype name) of one input, of one target], from one eval sample."""
     split = splits.val if len(splits.val) else splits.test
-    return [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in split[0]]
+    sample = [torch.as_tensor(t) for t in split[0]]  # targets may be Python numbers
+    return [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in sample]
 
 
 def _eval_bytes(splits: Splits, sample: list[Any]) -> int:

@@ -70,12 +70,24 @@ class SeriesDecoder:
         if self.mean:
             mean = torch.tensor(self.mean).view(1, -1, 1)
             x = (x - mean) / torch.tensor(self.std).view(1, -1, 1)
-        labels = table.column(self.label_column).to_numpy(zero_copy_only=False)
-        return x, torch.from_numpy(labels.astype(np.int64))
+        labels = table.column(self.label_column)
+        if labels.null_count:
+            row = int(np.flatnonzero(labels.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(f"data.label_column: shard {shard} row {row} has no label (null)")
+        return x, torch.from_numpy(labels.to_numpy(zero_copy_only=False).astype(np.int64))
 
     def _channel(self, column: Any, name: str, shard: str) -> np.ndarray:
+        import pyarrow as pa
         import pyarrow.compute as pc
 
+        if pa.types.is_fixed_size_list(column.type):  # one layout for the offsets below
+            column = column.cast(pa.list_(column.type.value_type))
+        if column.null_count:
+            row = int(np.flatnonzero(column.is_null().to_numpy(zero_copy_only=False))[0])
+            raise DataError(
+                f"data.series_columns: shard {shard} row {row} has no {name!r} series (null); "
+                "every row needs every channel"
+            )
         lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
         values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
         if (lengths == self.length).all():

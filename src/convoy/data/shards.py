@@ -97,8 +97,14 @@ def scan_shards(location: str, shards: list[str]) -> tuple[list[RowGroup], Any]:
     first = ""
     start = 0
     for shard in shards:
-        with fs.open_input_file(shard) as handle:
-            metadata = pq.ParquetFile(handle).metadata
+        try:
+            with fs.open_input_file(shard) as handle:
+                metadata = pq.ParquetFile(handle).metadata
+        except (OSError, ValueError) as exc:  # pyarrow's ArrowInvalid is a ValueError
+            detail = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise ConfigError(
+                "data.path", location, f"cannot read shard {shard}: {detail}"
+            ) from None
         if metadata.num_rows == 0:
             raise ConfigError(
                 "data.path", location, f"shard {shard} holds no rows; every shard needs rows"
@@ -125,8 +131,13 @@ def schema_difference(first: str, expected: Any, shard: str, found: Any) -> str:
             return (
                 f"shard {shard} column {field.name!r} is {other.type}, but {field.type} in {first}"
             )
-    extra = next(name for name in found.names if name not in expected.names)
-    return f"shard {shard} has a column {extra!r} that {first} does not; shards must agree"
+    extra = [name for name in found.names if name not in expected.names]
+    if extra:
+        return f"shard {shard} has a column {extra[0]!r} that {first} does not; shards must agree"
+    return (
+        f"shard {shard} has the columns of {first} in another order or with other "
+        f"nullability ({found.names} against {expected.names}); shards must agree"
+    )
 
 
 class ShardedSplit:

@@ -22,6 +22,7 @@ masked batches to the common batch count, so every row is counted exactly once.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 
@@ -92,50 +93,32 @@ class StreamedTrainBatches:
         return [order[i : i + self.window] for i in range(0, len(order), self.window)]
 
     def __iter__(self) -> Iterator[Batch]:
-        todo = self.steps_per_epoch * self.share - self.skip_rows
-        skip = self.skip_rows
-        pending: list[tuple[torch.Tensor, torch.Tensor]] = []
-        held = 0
-        for number, x, y in self._window_rows(skip):
-            if number < 0:  # a window skipped whole: only its row count
-                skip -= len(x)
-                continue
-            x, y = x[skip:], y[skip:]
-            skip = 0
-            pending.append((x, y))
-            held += len(x)
-            while held >= self.micro_batch and todo > 0:
-                inputs = torch.cat([p[0] for p in pending])
-                targets = torch.cat([p[1] for p in pending])
-                yield inputs[: self.micro_batch], targets[: self.micro_batch]
-                pending = [(inputs[self.micro_batch :], targets[self.micro_batch :])]
-                held -= self.micro_batch
-                todo -= self.micro_batch
-            if todo <= 0:
-                return
+        batches = (self.steps_per_epoch * self.share - self.skip_rows) // self.micro_batch
+        return itertools.islice(rebatch(self._window_rows(), self.micro_batch), batches)
 
-    def _window_rows(self, skip: int) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
-        """(window number, rows permuted) per window; a window wholly inside ``skip`` is
-        not read (number -1, and a placeholder of its length)."""
+    def _window_rows(self) -> Iterator[Batch]:
+        """Each window's rows, permuted, from the first row not yet trained; windows wholly
+        inside the rows already trained are not read. The next window is read in a thread
+        while this one trains."""
         windows = self.windows()
-        with ThreadPoolExecutor(max_workers=1) as reader:
-            ahead: Future[tuple[torch.Tensor, torch.Tensor]] | None = None
+        skip = self.skip_rows
+        reader = ThreadPoolExecutor(max_workers=1)
+        ahead: Future[Batch] | None = None
+        try:
             for number, window in enumerate(windows):
                 rows = sum(self.split.groups[p].rows for p in window)
                 if skip >= rows:
                     skip -= rows
-                    yield -1, torch.empty(rows, 0), torch.empty(0)
                     continue
-                skip = 0
-                current = ahead.result() if ahead is not None else self._read(window)
+                x, y = ahead.result() if ahead is not None else self._read(window)
                 following = windows[number + 1] if number + 1 < len(windows) else None
                 ahead = reader.submit(self._read, following) if following else None
-                order = torch.from_numpy(
-                    np.random.default_rng([self.seed, self.epoch, self.rank, number]).permutation(
-                        rows
-                    )
-                )
-                yield number, current[0][order], current[1][order]
+                rng = np.random.default_rng([self.seed, self.epoch, self.rank, number])
+                order = torch.from_numpy(rng.permutation(rows)[skip:])
+                skip = 0
+                yield x[order], y[order]
+        finally:  # the epoch may stop early (max_steps): do not wait for a read ahead
+            reader.shutdown(wait=False, cancel_futures=True)
 
     def _read(self, window: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         parts = [self.split.read(position) for position in window]
@@ -169,19 +152,30 @@ class StreamedEvalBatches:
             produced += 1
 
     def _real_batches(self) -> Iterator[Batch]:
+        return rebatch(self._chunks(), self.batch_size, keep_last=True)
+
+    def _chunks(self) -> Iterator[Batch]:
+        """This rank's rows of each row group that holds some, in order."""
         end = self.start + self.num_real
-        pending: list[Batch] = []
-        held = 0
         for position, group in enumerate(self.split.groups):
             if group.start + group.rows <= self.start or group.start >= end:
                 continue
             x, y = self.split.read(position)
             lo, hi = max(self.start - group.start, 0), min(end - group.start, group.rows)
-            pending.append((x[lo:hi], y[lo:hi]))
-            held += hi - lo
-            while held >= self.batch_size or (held and group.start + group.rows >= end):
-                inputs = torch.cat([p[0] for p in pending])
-                targets = torch.cat([p[1] for p in pending])
-                yield inputs[: self.batch_size], targets[: self.batch_size]
-                pending = [(inputs[self.batch_size :], targets[self.batch_size :])]
-                held = max(held - self.batch_size, 0)
+            yield x[lo:hi], y[lo:hi]
+
+
+def rebatch(chunks: Iterator[Batch], size: int, keep_last: bool = False) -> Iterator[Batch]:
+    """Batches of ``size`` rows cut from a stream of chunks of any length. Each chunk is
+    joined to the previous one's leftover once (batches are views of that), so a large chunk
+    is not copied again per batch; ``keep_last`` yields a final short batch."""
+    left: Batch | None = None
+    for x, y in chunks:
+        if left is not None and len(left[0]):
+            x, y = torch.cat([left[0], x]), torch.cat([left[1], y])
+        whole = len(x) // size * size
+        for start in range(0, whole, size):
+            yield x[start : start + size], y[start : start + size]
+        left = x[whole:], y[whole:]
+    if keep_last and left is not None and len(left[0]):
+        yield left

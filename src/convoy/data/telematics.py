@@ -33,7 +33,7 @@ from typing import Any
 
 import numpy as np
 
-from convoy.data.shards import join, open_location
+from convoy.data.shards import join, list_shards, open_location
 from convoy.errors import ConvoyError
 
 CHANNELS = ("accel_x", "accel_y", "accel_z", "gyro_x", "gyro_y", "gyro_z")
@@ -70,6 +70,11 @@ class FleetSpec:
         return int(self.hours * 3600 // self.window_s)
 
     def check(self) -> None:
+        for flag, value in (("--rate-hz", self.rate_hz), ("--window-s", self.window_s),
+                            ("--hours", self.hours), ("--shard-mb", self.shard_mb),
+                            ("--rows-per-group", self.rows_per_group)):  # fmt: skip
+            if value <= 0:
+                raise ConvoyError(f"{flag} {value}: must be above 0")
         if self.devices < 3:
             raise ConvoyError(f"--devices {self.devices}: at least 3 (train, val and test)")
         if self.windows_per_device < 1 or self.steps < 2:
@@ -168,6 +173,9 @@ def write_fleet(spec: FleetSpec, out: str) -> dict[str, Any]:
 
     spec.check()
     fs, root = open_location(out)
+    for split in ("train", "val", "test"):  # a smaller fleet over a larger one would mix them
+        if list_shards(out, split):
+            raise ConvoyError(f"{out} already holds a dataset ({split}/*.parquet); remove it first")
     fs.create_dir(root, recursive=True)
     row_bytes = spec.steps * len(CHANNELS) * 4
     rows_per_shard = max(1, int(spec.shard_mb * 2**20 // row_bytes))

@@ -277,6 +277,19 @@ def checkpoint_config(job: Job) -> Any:
     )
 
 
+def check_data_resources(job: Job, nodes: list[dict[str, float]]) -> None:
+    """``data.ray_data.resources`` must be offered by a node with CPUs, or every map task would
+    wait for it for ever."""
+    for name, amount in job.data.ray_data.resources.items():
+        if not any(node.get(name, 0.0) >= amount and node.get("CPU", 0.0) > 0 for node in nodes):
+            offered = sorted({k for node in nodes for k in node if not k.startswith("node:")})
+            raise ResourceError(
+                f"data.ray_data.resources: no node of this cluster with CPUs offers "
+                f"{name}={amount:g} (resources here: {', '.join(offered)}); start the "
+                f"preprocessing nodes with ray start --resources='{{\"{name}\": 8}}'"
+            )
+
+
 def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     """Leave ``data.ray_data.reserved_cpus`` to Ray Data: Ray Data with Train hangs when the
     train workers hold every CPU.
@@ -286,6 +299,7 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     """
     if job.data.loader != "ray_data":
         return job
+    check_data_resources(job, nodes)
     total = sum(node.get("CPU", 0.0) for node in nodes)
     workers, reserve = job.scaling.max_workers, job.data.ray_data.reserved_cpus
     wanted = workers * job.scaling.cpus_per_worker
