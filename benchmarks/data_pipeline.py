@@ -184,7 +184,7 @@ repetitions.
 {rate_table}
 
 DataLoader: `num_workers={os.cpu_count()}`, batch 128, the second pass timed. Ray Data: the
-train pipeline Convoy builds (seeded `random_shuffle`, then `map_batches`), read from the
+train pipeline Convoy builds (a seeded block-order shuffle, then `map_batches`), read from the
 driver with `iter_torch_batches(batch_size=128)`, the second pass timed, every core
 available to it.
 
