@@ -225,7 +225,7 @@ def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
 def test_two_runs_started_together_each_train_on_their_own_ray(
     ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
 ) -> None:
-    sensors = [str(REPO / "recipes" / "sensor_basicmotions.yaml"), "-o", "run.epochs=5"]
+    sensors = [str(REPO / "recipes" / "sensor_basicmotions.yaml"), "-o", "run.epochs=2"]
     storage = ["-o", f"run.storage_dir={tmp_path}"]
     runs = {
         "digits": convoy(ray_tmp, "train", *SMALL_RUN, *storage),
