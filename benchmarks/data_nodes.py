@@ -44,7 +44,7 @@ sys.path.insert(0, str(REPO / "tests" / "cluster"))
 
 from netns import Host, RayNodes, TestHosts, cannot_make_hosts  # noqa: E402
 
-from data_pipeline import make_tree  # noqa: E402
+from data_pipeline import data_overrides, make_tree  # noqa: E402
 from dated import publish  # noqa: E402  (this folder)
 
 CONVOY = [sys.executable, "-m", "convoy", "train"]
@@ -68,12 +68,7 @@ def workloads(tmp: Path, images: int, devices: int) -> dict[str, tuple[str, list
     )
     image_overrides = [
         "model.name=vit_tiny",
-        "data.name=imagefolder",
-        f"data.path={tree}",
-        "data.image_size=32",
-        "data.augment_crop_padding=4",
-        "data.augment_flip=true",
-        "data.batch_size=128",
+        *data_overrides(tree),
         "data.num_workers=1",  # the torch loader's DataLoader: one process per train worker
     ]
     return {
