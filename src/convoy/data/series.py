@@ -117,10 +117,10 @@ def check_series_path(path: str | None) -> None:
 
 
 def _read_meta(location: str) -> dict[str, Any]:
-    fs, root = open_location(location)
-    path = join(root, META_FILE)
     import pyarrow.fs as pafs
 
+    fs, root = open_location(location)
+    path = join(root, META_FILE)
     if fs.get_file_info(path).type != pafs.FileType.File:
         return {}
     with fs.open_input_stream(path) as stream:
@@ -177,6 +177,10 @@ def _first_length(split: ShardedSplit, channel: str) -> int:
 
 def load_series(cfg: DataConfig) -> Splits:
     """The three streamed splits (see the module docstring)."""
+    if cfg.train_size is not None:  # before any read: nothing to cap in a stream
+        raise ConfigError(
+            "data.train_size", cfg.train_size, "series streams whole splits; remove it"
+        )
     location = str(cfg.path)
     check_series_path(location)
     meta = _read_meta(location)
@@ -196,10 +200,6 @@ def load_series(cfg: DataConfig) -> Splits:
         split: ShardedSplit(location, groups, columns, _no_decoder, cfg.label_column)
         for split, (groups, _) in scanned.items()
     }
-    if cfg.train_size is not None:
-        raise ConfigError(
-            "data.train_size", cfg.train_size, "series streams whole splits; remove it"
-        )
     length = cfg.series_len or _first_length(splits["train"], channels[0])
     raw = SeriesDecoder(channels, cfg.label_column, length, cfg.series_len is not None)
     mean, std = channel_stats(_first_rows(splits["train"], raw, STATS_ROWS))
