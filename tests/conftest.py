@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import os
 import pickle
+import shutil
 import tarfile
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +18,18 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray 2.60 enables token auth by default; tests run an embedded Ray without it.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# Counts and tokenizers of streamed text go to a cache of this session only (workers inherit it).
+TEST_CACHE = Path(tempfile.mkdtemp(prefix="convoy-test-cache-"))
+os.environ["CONVOY_CACHE_DIR"] = str(TEST_CACHE)
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _remove_test_cache():
+    yield
+    shutil.rmtree(TEST_CACHE, ignore_errors=True)
 
 
 @pytest.fixture(autouse=True)

@@ -12,6 +12,7 @@ model learns and the step losses move.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -132,3 +133,22 @@ def dict_inputs(rows: int = 8) -> dict[str, Any]:
     """A user data factory whose inputs are dicts of tensors (for loaders that need tensors)."""
     items = [({"features": torch.full((3,), float(i))}, torch.tensor(i % 2)) for i in range(rows)]
     return {"train": items, "val": items, "test": items, "shape": {"num_classes": 2}}
+
+
+def write_text_shards(
+    root: Path, splits: dict[str, list[str | None]], rows_per_group: int = 5, shards: int = 2
+) -> Path:
+    """A streamed text corpus: ``root/<split>/part-N.parquet`` with a ``text`` column, each
+    split's documents cut into ``shards`` files of ``rows_per_group``-row groups."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    for split, docs in splits.items():
+        folder = root / split
+        folder.mkdir(parents=True)
+        per_shard = -(-len(docs) // shards)
+        for n in range(shards):
+            part = docs[n * per_shard : (n + 1) * per_shard]
+            table = pa.table({"text": pa.array(part, type=pa.string())})
+            pq.write_table(table, folder / f"part-{n}.parquet", row_group_size=rows_per_group)
+    return root

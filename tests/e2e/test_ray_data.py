@@ -15,7 +15,7 @@ from convoy.config import Job, job_from_dict, load_job
 from convoy.data.convert import convert_dataset
 from convoy.data.samplers import GlobalBatchSampler
 from convoy.export import evaluate_exported, export_checkpoint
-from task_data_helpers import GPT_TINY_OVERRIDES
+from task_data_helpers import GPT_TINY_OVERRIDES, write_text_shards
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_mlp.yaml"
@@ -155,29 +155,45 @@ def test_encoded_images_decode_in_ray_data(imagefolder: Path, tmp_path: Path, ra
 
 
 TASKS = {
-    # odd eval splits: diabetes 44 val / 88 test, ragged_lm 37 / 41; sensor series: the fleet
-    # test below
+    # odd eval splits: diabetes 44 val / 88 test; the text corpus packs across row groups
+    # with a padded last sequence; sensor series: the fleet test below
     "regression": ("diabetes_regression.yaml", ["run.epochs=2"]),
     "language_modeling": (
         "digits_mlp.yaml",
         [
             "task.name=language_modeling",
-            "data.name=task_data_helpers:ragged_lm",
+            "data.name=text",
+            "data.path={corpus}",
+            "data.tokenizer=bpe",
+            "data.vocab_size=300",
+            "data.seq_len=32",
             *GPT_TINY_OVERRIDES,
-            "data.batch_size=16",
+            "data.batch_size=32",
             "run.epochs=1",
         ],
     ),
 }
 
 
+def small_corpus(root: Path) -> Path:
+    """The shortest pydoc topics as a streamed corpus: 2 shards a split, row groups of 3."""
+    from pydoc_data.topics import topics
+
+    docs = sorted((topics[name] for name in sorted(topics)), key=len)[:44]
+    splits: dict[str, list[str | None]] = {"test": docs[:7], "val": docs[7:12], "train": docs[12:]}
+    return write_text_shards(root, splits, rows_per_group=3)
+
+
 @pytest.mark.parametrize("task", sorted(TASKS))
 def test_every_task_streams_and_evaluates_as_the_torch_loader(
     task: str, tmp_path: Path, ray_session
 ) -> None:  # type: ignore[no-untyped-def]
-    """Table rows and token sequences go through Ray Data on 2 ranks; the test
-    counts (samples, tokens) and metrics equal the torch loader's on the same weights."""
+    """Table rows and a streamed text corpus (tokenized and packed in Ray Data's tasks) go
+    through Ray Data on 2 ranks; the test counts (samples, tokens) and metrics equal the
+    torch loader's on the same weights."""
     recipe, overrides = TASKS[task]
+    corpus = small_corpus(tmp_path / "corpus") if task == "language_modeling" else None
+    overrides = [o.format(corpus=corpus) for o in overrides]
     job = load_job(
         RECIPE.parent / recipe,
         [

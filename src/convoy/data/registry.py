@@ -19,7 +19,7 @@ from convoy.data.sensors import load_basicmotions
 from convoy.data.series import check_series_path, load_series
 from convoy.data.sources import check_numpy_path, load_digits, load_numpy, load_synthetic
 from convoy.data.tabular import load_diabetes
-from convoy.data.text import check_text_path, load_text
+from convoy.data.text_shards import check_corpus_path, load_corpus
 from convoy.data.user import check_data_factory, is_user_data, load_user_data
 from convoy.errors import ConfigError, one_of
 
@@ -30,7 +30,7 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "imagefolder": load_imagefolder,
     "parquet": load_parquet,
     "numpy": load_numpy,
-    "text": load_text,
+    "text": load_corpus,
     "diabetes": load_diabetes,
     "basicmotions": load_basicmotions,
     "series": load_series,
@@ -40,7 +40,7 @@ PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "imagefolder": check_imagefolder_path,
     "parquet": check_parquet_path,
     "numpy": check_numpy_path,
-    "text": check_text_path,
+    "text": check_corpus_path,
     "series": check_series_path,
 }
 

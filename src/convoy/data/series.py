@@ -35,8 +35,7 @@ from convoy.data.shards import (
     join,
     list_shards,
     open_location,
-    scan_shards,
-    schema_difference,
+    scan_splits,
 )
 from convoy.errors import ConfigError, DataError
 
@@ -184,16 +183,8 @@ def load_series(cfg: DataConfig) -> Splits:
     location = str(cfg.path)
     check_series_path(location)
     meta = _read_meta(location)
-    scanned = {}
-    for split in SPLITS:
-        shards = list_shards(location, split)
-        if shards:
-            scanned[split] = scan_shards(location, shards)
-    train_groups, schema = scanned["train"]
-    for groups, other in scanned.values():
-        if not other.equals(schema):
-            difference = schema_difference(train_groups[0].shard, schema, groups[0].shard, other)
-            raise ConfigError("data.path", location, difference)
+    scanned = scan_splits(location, SPLITS)
+    schema = scanned["train"][1]
     channels = _channels(cfg, schema, meta)
     columns = [*channels, cfg.label_column]
     splits = {

@@ -122,6 +122,30 @@ def scan_shards(location: str, shards: list[str]) -> tuple[list[RowGroup], Any]:
     return groups, schema
 
 
+def scan_splits(location: str, splits: tuple[str, ...]) -> dict[str, tuple[list[RowGroup], Any]]:
+    """``scan_shards`` of each split folder that has shards; refuses splits whose columns
+    differ from the first's, naming a shard of each."""
+    scanned = {}
+    for split in splits:
+        shards = list_shards(location, split)
+        if shards:
+            scanned[split] = scan_shards(location, shards)
+    first_groups, schema = next(iter(scanned.values()))
+    for groups, other in scanned.values():
+        if not other.equals(schema):
+            difference = schema_difference(first_groups[0].shard, schema, groups[0].shard, other)
+            raise ConfigError("data.path", location, difference)
+    return scanned
+
+
+def shard_identity(location: str, groups: list[RowGroup]) -> list[Any]:
+    """Each shard's path, size and modification time: what a cache keyed on a split's content
+    checks, without reading the shards."""
+    fs, _ = open_location(location)
+    shards = list(dict.fromkeys(g.shard for g in groups))
+    return [[i.path, i.size, str(i.mtime)] for i in fs.get_file_info(shards)]
+
+
 def schema_difference(first: str, expected: Any, shard: str, found: Any) -> str:
     for field in expected:
         other = found.field(field.name) if field.name in found.names else None

@@ -205,6 +205,8 @@ def _docs_for_share(lengths: np.ndarray, chars: float, most: int) -> int:
 class TextTokenizer(Protocol):
     token_bytes: list[int]
     """The UTF-8 bytes each token id stands for; its length is the vocabulary size."""
+    newline: int
+    """The id of the separator that joins documents."""
 
     def encode(self, docs: list[str]) -> torch.Tensor:
         """One int32 token stream of the documents joined by a newline."""
@@ -214,38 +216,57 @@ class ByteTokenizer:
     """UTF-8 bytes as tokens (vocabulary 256)."""
 
     token_bytes = [1] * 256
+    newline = ord("\n")
 
     def encode(self, docs: list[str]) -> torch.Tensor:
         data = np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8)
         return torch.from_numpy(data.astype(np.int32))
 
 
+def _tokenizers() -> Any:
+    try:
+        import tokenizers
+    except ImportError:
+        raise ConvoyError(
+            missing_extra("data.tokenizer 'bpe'", "tokenizers", "text")
+            + ", or use data.tokenizer: bytes"
+        ) from None
+    return tokenizers
+
+
 class BPETokenizer:
     """A byte-level BPE trained with HuggingFace ``tokenizers`` (no special tokens)."""
 
     def __init__(self, train_docs: list[str], vocab_size: int) -> None:
-        try:
-            from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-        except ImportError:
-            raise ConvoyError(
-                missing_extra("data.tokenizer 'bpe'", "tokenizers", "text")
-                + ", or use data.tokenizer: bytes"
-            ) from None
+        """Train on ``train_docs`` (deterministic: the same merges in every process)."""
+        tokenizers = _tokenizers()
+        pre_tokenizers = tokenizers.pre_tokenizers
         alphabet = pre_tokenizers.ByteLevel.alphabet()
-        self.tokenizer = Tokenizer(models.BPE())
-        self.tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        self.tokenizer.decoder = decoders.ByteLevel()  # so a saved tokenizer decodes to text
-        trainer = trainers.BpeTrainer(
+        tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
+        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tokenizer.decoder = tokenizers.decoders.ByteLevel()  # a saved tokenizer decodes to text
+        trainer = tokenizers.trainers.BpeTrainer(
             vocab_size=vocab_size,
             min_frequency=2,
             show_progress=False,
             initial_alphabet=alphabet,
         )
-        self.tokenizer.train_from_iterator(train_docs, trainer=trainer)
-        to_byte = byte_level_chars()
-        if set(to_byte) != set(alphabet):  # a tokenizers release that changed the alphabet
+        tokenizer.train_from_iterator(train_docs, trainer=trainer)
+        if set(byte_level_chars()) != set(alphabet):  # a release that changed the alphabet
             raise DataError("tokenizers' ByteLevel alphabet is not GPT-2's byte-to-unicode map")
-        vocab = self.tokenizer.get_vocab()
+        self._use(tokenizer)
+
+    @classmethod
+    def from_json(cls, text: str) -> BPETokenizer:
+        """A tokenizer saved with ``to_json``."""
+        self = cls.__new__(cls)
+        self._use(_tokenizers().Tokenizer.from_str(text))
+        return self
+
+    def _use(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+        to_byte = byte_level_chars()
+        vocab = tokenizer.get_vocab()
         self.token_strings = [b""] * len(vocab)
         for token, index in vocab.items():
             self.token_strings[index] = bytes(to_byte[c] for c in token)
