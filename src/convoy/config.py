@@ -66,9 +66,12 @@ class RayDataConfig(Section):
     reserved_cpus: Annotated[float, Field(gt=0)] = 1.0
     """CPUs kept free of train workers for the pipeline; train workers get fractions if needed."""
     prefetch_batches: Annotated[int, Field(ge=0)] = 2
-    """Batches each train worker prefetches ahead of the step (iter_torch_batches)."""
+    """Units (row groups or chunks) each worker's pipeline hands over ahead of the step, and
+    batches of an eval split (iter_torch_batches)."""
     shuffle_buffer_rows: Annotated[int, Field(ge=0)] = 1024
-    """Rows each train worker shuffles locally per epoch (after the block-order shuffle)."""
+    """Rows of an in-memory source whose order each worker shuffles together every epoch (a
+    window of chunks, after the chunks' own seeded order); streamed sources use
+    ``data.shuffle_row_groups``."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources every preprocessing task or actor asks for, e.g.
     ``{preprocess: 1}``: the map stages then run only on nodes started with that resource
@@ -118,8 +121,9 @@ class DataConfig(Section):
     """series: the padding rule; every series is padded with zeros or cut to this many steps
     (unset: all series must have one length)."""
     shuffle_row_groups: Annotated[int, Field(gt=0)] = 4
-    """Streamed sources (series), torch loader: rows are shuffled within windows of this many
-    row groups, which is also what a worker holds in memory at once."""
+    """Streamed sources (series, a sharded text corpus), either loader: rows are shuffled
+    within windows of this many row groups, which is also what a worker holds in memory at
+    once."""
     loader: Literal["torch", "ray_data"] = "torch"
     """torch: a DataLoader in every worker; ray_data: a Ray Data pipeline streamed into the
     Ray Train workers (needs scaling.launcher: ray)."""

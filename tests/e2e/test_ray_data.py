@@ -36,6 +36,9 @@ def digits_job(tmp_path: Path, *extra: str) -> Job:
     )
 
 
+RESUME_STEP = 5
+
+
 def audit_loop(config: dict[str, Any]) -> None:
     """A Ray Train worker that walks Convoy's ray_data batches and records the rows it got."""
     import ray.train
@@ -47,11 +50,14 @@ def audit_loop(config: dict[str, Any]) -> None:
     rank, world = context.get_world_rank(), context.get_world_size()
     data = ray_worker_data(job, config["ray_data"], rank, world)
     record: dict[str, Any] = {"micro_batches": len(data.train), "epochs": [], "eval": {}}
-    for epoch in range(2):
+    sums: list[list[float]] = []
+    for epoch, skip in ((0, 0), (1, 0), (1, RESUME_STEP)):  # the last: a resume at step 5
         data.train.seen = []  # type: ignore[attr-defined]
-        data.train.start_epoch(epoch)
-        assert sum(1 for _ in data.train) == len(data.train)
+        data.train.start_epoch(epoch, skip)
+        sums.append([float(x.double().sum()) for x, _ in data.train])
+        assert len(sums[-1]) == len(data.train) - skip
         record["epochs"].append(data.train.seen)  # type: ignore[attr-defined]
+    record["resumed_inputs_equal"] = sums[2] == sums[1][RESUME_STEP:]
     for split, batches in (("val", data.val), ("test", data.test)):
         batches.seen = []  # type: ignore[attr-defined]
         sizes = [len(labels) for _, labels in batches]
@@ -83,17 +89,22 @@ def test_every_sample_once_per_epoch_and_every_eval_row_once(tmp_path: Path, ray
         },
         scaling_config=ScalingConfig(num_workers=2, resources_per_worker={"CPU": 0.5}),
         datasets=plan.datasets,
-        dataset_config=DataConfig(datasets_to_split=["train"]),
+        dataset_config=DataConfig(datasets_to_split=[]),
     ).fit()
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
 
-    # Training: each worker gets floor(1258 / 2) = 629 rows, 39 micro-batches of 16 (drop_last).
+    # Training: chunks of 39 rows dealt to the ranks (629 rows each), 39 micro-batches of 16.
     assert [r["micro_batches"] for r in ranks] == [39, 39]
     for epoch in range(2):
         seen = ranks[0]["epochs"][epoch] + ranks[1]["epochs"][epoch]
         assert len(seen) == 2 * 39 * 16 == len(set(seen))  # nobody sees a row twice
         assert set(seen) <= set(range(TRAIN_ROWS))
     assert ranks[0]["epochs"][0] != ranks[0]["epochs"][1]  # reshuffled every epoch
+    # A resume at step 5 of epoch 1 continues with exactly the rows not yet trained, in the
+    # uninterrupted order, with the same inputs: once per epoch across the resume.
+    for rank in ranks:
+        assert rank["epochs"][2] == rank["epochs"][1][RESUME_STEP * 16 :]
+        assert rank["resumed_inputs_equal"]
 
     # Evaluation: contiguous chunks, every row exactly once, the same batch count per rank.
     for split, size in (("val", 180), ("test", 359)):
@@ -219,8 +230,9 @@ def test_every_task_streams_and_evaluates_as_the_torch_loader(
 
 def test_a_fleet_streams_from_s3_through_either_loader(tmp_path: Path, ray_session, s3) -> None:  # type: ignore[no-untyped-def]
     """Parquet series on the S3 test server: Ray Data reads their row groups in its tasks
-    (2 ranks), the torch loader streams them in-process; the same eval counts, and the Ray
-    Data run's test metrics equal the torch loader's on its weights."""
+    (2 ranks), the torch loader streams them in 2 torchrun processes; the same eval counts, the
+    Ray Data run's test metrics equal the torch loader's on its weights, and both loaders
+    train the same batches to the same losses."""
     from convoy.data.telematics import FleetSpec, write_fleet
 
     fleet = f"s3://{s3.bucket}/{tmp_path.name}/fleet"
@@ -244,16 +256,13 @@ def test_a_fleet_streams_from_s3_through_either_loader(tmp_path: Path, ray_sessi
     for key in ("test/loss", "test/acc", "test/f1"):
         assert torch_loader[key] == pytest.approx(metrics[key], rel=1e-6, abs=1e-7), key
     assert metrics["train/samples"] == 144  # 72 rows a rank, 9 micro-batches of 8
+    # The torch loader under torchrun, on the same 2 ranks: the same plan of row groups,
+    # so the same batches and the same training.
     local = convoy.train(
         digits_job(
-            tmp_path,
-            *common,
-            "data.loader=torch",
-            "scaling.launcher=local",
-            "scaling.num_workers=1",
-            "strategy.name=single",
-            "run.name=torch",
+            tmp_path, *common, "data.loader=torch", "scaling.launcher=torchrun", "run.name=torch"
         )
-    )
-    assert local.summary["metrics"]["test/samples"] == 36
-    assert local.summary["metrics"]["train/samples"] == 144  # 9 steps of 16
+    ).summary["metrics"]
+    assert local["test/samples"] == 36 and local["train/samples"] == 144
+    for key in ("train/loss", "test/loss", "test/acc"):
+        assert local[key] == pytest.approx(metrics[key], rel=1e-5), key

@@ -2,38 +2,44 @@
 
 Driver side (``build_ray_data``): the configured source is read as for the torch loader (the
 same records, the same splits, the same bad-record policy), then turned into Ray Datasets.
-A parquet train split used whole is not read by the driver at all: Ray Data's parquet reader
-streams its shards (the driver checks only the label column).
+A parquet train split used whole is not read by the driver at all: the tasks read its row
+groups (the driver checks only the footers and the label column).
 
 - encoded images (imagefolder, parquet) become rows ``{index, path | image bytes, label}``;
   decoding, resizing and scaling run in ``map_batches`` on CPU;
 - arrays (digits, synthetic, cifar10, numpy) become a tensor column; scaling and
   normalization run in ``map_batches``;
+- streamed sources (``series``, a sharded text corpus) are read, decoded, tokenized and packed
+  in the tasks, one row group per call;
 - every other source (sensor series, table rows, packed token sequences, user datasets)
   becomes tensor columns ``x`` and ``y`` of its finished samples, so a batch is exactly the
   torch loader's collate of the same rows;
-- training rows are reshuffled every epoch in two cheap stages, as Ray Data recommends for
-  large data: the order of blocks (``randomize_block_order``, seeded by ``run.seed`` and
-  reseeded per epoch), then rows within a buffer on each worker (``local_shuffle_buffer_size``
-  of ``iter_torch_batches``, seeded by run.seed, epoch and rank). A global
-  ``random_shuffle`` would move every image's bytes through an all-to-all exchange each
-  epoch (measured 7x slower on 2 cores). Augmentation (random shift, flip) is seeded by the
-  rows in each batch;
 - preprocessing runs as Ray tasks or an actor pool (``data.ray_data.compute``, ``concurrency``)
   inside the CPUs reserved for Ray Data (``cpu_shares``).
 
-Train is split over the workers by Ray Train (``streaming_split(equal=True)``): each worker
-gets floor(N / W) rows per epoch, in micro-batches with drop_last, so every epoch sees
-``floor(floor(N / W) / micro) * micro * W`` samples, each at most once (the remainder rule).
-Evaluation does not use that split, since it drops rows: the driver cuts each eval split into
-one contiguous dataset per rank (``val_0``, ``val_1``, ...), so every row is read exactly once
-(preprocessed once and cached in the object store when small: ``cache_eval_mib``);
-ranks with fewer rows pad with masked batches so sharded models run the same collectives.
+Training is planned, not split on demand. The driver cuts the train split into units: the row
+groups of a streamed source (read in the tasks, never by the driver), or chunks of an
+in-memory one (put in the object store once, ``chunk_rows`` rows each, small enough that every
+rank gets 16 or more). Each worker then runs the torch loader's streamed plan
+(``PlannedTrainBatches``) over them: units dealt to the ranks once, seeded; every epoch a new
+seeded order of its units, rows permuted within windows of units (``shuffle_row_groups``
+row groups, or ``shuffle_buffer_rows`` rows of chunks); ``floor(min rank rows / share)`` steps
+for every rank, so each row is trained at most once per epoch. The worker reads its epoch
+through a Ray Dataset of its own (``from_items`` of its units in order, the map stage,
+``preserve_order``), so the tasks run ahead of training, bounded by the object store share
+each worker's pipeline may use (``OBJECT_STORE_SHARE / world_size``), and on the nodes
+``data.ray_data.resources`` names. Augmentation is seeded by run.seed, the epoch and the rows.
 
-Worker side (``ray_worker_data``): ``get_dataset_shard`` + ``iter_torch_batches`` with
-prefetching, behind the engine's ``TrainBatches`` / ``EvalBatches`` interfaces. Mid-epoch
-resume skips the batches already trained; which rows they are is not reproduced, because the
-streaming split hands blocks to whichever worker asks first.
+The order depends only on the seeds and the unit sizes, so a resume ``k`` steps into an epoch
+continues with exactly the rows not yet trained, in the same order, with the same
+augmentation: units wholly trained are not read again. A streamed source gets the same units,
+order and batches as with the torch loader.
+
+Evaluation: the driver cuts each eval split into one contiguous dataset per rank (``val_0``,
+``val_1``, ...), so every row is read exactly once (preprocessed once and cached in the object
+store when small: ``cache_eval_mib``); ranks with fewer rows pad with masked batches so sharded
+models run the same collectives. Workers read them with ``get_dataset_shard`` +
+``iter_torch_batches``.
 """
 
 from __future__ import annotations
@@ -56,14 +62,16 @@ from convoy.data.parquet import (
     COLUMNS,
     check_train_labels,
     load_parquet,
-    shard_files,
     streams_whole_train,
 )
 from convoy.data.registry import load_splits
 from convoy.data.samplers import eval_rows_per_rank
-from convoy.data.shards import ShardedSplit
+from convoy.data.shards import ShardedSplit, list_shards, scan_shards
+from convoy.data.streaming import PlannedTrainBatches, Rows
 
 EVAL_SPLITS = ("val", "test")
+OBJECT_STORE_SHARE = 0.5
+"""The share of the object store Ray Data's streaming executor takes by default."""
 ROWS_PER_BLOCK = 256
 """Rows per block of in-memory sources: blocks are what the block-order shuffle permutes."""
 
@@ -144,21 +152,59 @@ class PreprocessActor:
 @dataclass(frozen=True)
 class ReadRowGroups:
     """What ``map_batches`` does for a streamed source (``ShardedSplit``): each input row
-    names a row group and the slice of it to read; out come its decoded samples."""
+    names a row group and the slice of it to read; out come its samples, decoded by the split
+    or, for raw rows (encoded image shards), by ``preprocess``."""
 
     split: ShardedSplit
+    preprocess: Preprocess | None = None
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        xs, ys, index = [], [], []
+        outputs = []
         for position, lo, hi in zip(batch["position"], batch["lo"], batch["hi"], strict=True):
-            x, y = self.split.read(int(position))
-            xs.append(x[lo:hi].numpy())
-            ys.append(y[lo:hi].numpy())
-            index.append(np.arange(lo, hi) + self.split.groups[int(position)].start)
-        return {"index": np.concatenate(index), "x": np.concatenate(xs), "y": np.concatenate(ys)}
+            index = np.arange(lo, hi) + self.split.groups[int(position)].start
+            if self.preprocess is None:
+                x, y = self.split.read(int(position))
+                outputs.append({"index": index, "x": x[lo:hi].numpy(), "y": y[lo:hi].numpy()})
+                continue
+            table = self.split.read_table(int(position)).slice(int(lo), int(hi - lo))
+            raw = {
+                name: np.array(table.column(name).to_pylist(), dtype=object)
+                for name in table.column_names
+            }
+            outputs.append(self.preprocess({**raw, "index": index}))
+        return concat_columns(outputs)
+
+    def with_seed(self, seed: int) -> ReadRowGroups:
+        if self.preprocess is None:
+            return self
+        return replace(self, preprocess=replace(self.preprocess, seed=seed))
 
 
-Transform = Preprocess | ReadRowGroups
+@dataclass(frozen=True)
+class ReadChunks:
+    """What ``map_batches`` does for an in-memory train split: its raw rows were put in the
+    object store in chunks once (``TrainUnits``); each input row names a chunk, and out come
+    its rows, preprocessed."""
+
+    chunks: tuple[Any, ...]
+    """Object references of the chunks: dicts of numpy columns."""
+    preprocess: Preprocess
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import ray
+
+        positions = [int(p) for p in batch["position"]]
+        return concat_columns([self.preprocess(ray.get(self.chunks[p])) for p in positions])
+
+    def with_seed(self, seed: int) -> ReadChunks:
+        return replace(self, preprocess=replace(self.preprocess, seed=seed))
+
+
+def concat_columns(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
+
+
+Transform = Preprocess | ReadRowGroups | ReadChunks
 
 
 def _run(preprocess: Transform, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -174,6 +220,8 @@ class RayDataPlan:
     """Datasets for ``TorchTrainer(datasets=...)`` and what workers need to know about them."""
 
     datasets: dict[str, Any]
+    """The eval splits' datasets, one per rank (``val_0``, ``test_1``, ...)."""
+    train: TrainUnits
     shape: dict[str, int]
     sizes: dict[str, int]
     eval_rows: dict[str, list[int]]
@@ -186,6 +234,7 @@ class RayDataPlan:
 
     def worker_info(self) -> dict[str, Any]:
         return {
+            "train": self.train,
             "shape": self.shape,
             "sizes": self.sizes,
             "eval_rows": self.eval_rows,
@@ -204,31 +253,95 @@ def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Transform]:
         return ray.data.from_items(items, override_num_blocks=max(1, len(items))), ReadRowGroups(
             dataset
         )
-    index = np.arange(rows.start, rows.stop)
+    if isinstance(dataset, EncodedImageDataset):
+        items = [_encoded_row(i, dataset.records[i]) for i in rows]
+        num_blocks = max(1, math.ceil(len(items) / ROWS_PER_BLOCK))
+        return ray.data.from_items(items, override_num_blocks=num_blocks), _preprocess_of(dataset)
+    return _from_columns(_raw_columns(dataset, rows)), _preprocess_of(dataset)
+
+
+def _preprocess_of(dataset: SizedDataset) -> Preprocess:
+    """What the map stage does to an in-memory source's raw rows."""
     if isinstance(dataset, TensorImageDataset):
-        images = dataset.images[rows.start : rows.stop].numpy()
-        labels = dataset.labels[rows.start : rows.stop].numpy()
-        preprocess = Preprocess(
+        return Preprocess(
             "array",
-            int(images.shape[-1]),
+            int(dataset.images.shape[-1]),
             tuple(dataset.mean.flatten().tolist()),
             tuple(dataset.std.flatten().tolist()),
             dataset.scale,
             dataset.crop_padding,
             dataset.flip,
         )
-        return _from_columns({"index": index, "image": images, "label": labels}), preprocess
     if isinstance(dataset, EncodedImageDataset):
-        items = [_encoded_row(i, dataset.records[i]) for i in rows]
-        preprocess = Preprocess(
+        return Preprocess(
             "encoded", dataset.image_size, crop_padding=dataset.crop_padding, flip=dataset.flip
         )
-        num_blocks = max(1, math.ceil(len(items) / ROWS_PER_BLOCK))
-        return ray.data.from_items(items, override_num_blocks=num_blocks), preprocess
     # Any other source (sensor series, table rows, packed token sequences, user datasets)
     # hands over finished samples.
+    return Preprocess("tensor")
+
+
+def _raw_columns(dataset: SizedDataset, rows: range) -> dict[str, np.ndarray]:
+    """``rows`` of an in-memory source as the numpy columns its ``Preprocess`` takes."""
+    index = np.arange(rows.start, rows.stop)
+    if isinstance(dataset, TensorImageDataset):
+        images = dataset.images[rows.start : rows.stop].numpy()
+        return {
+            "index": index,
+            "image": images,
+            "label": dataset.labels[rows.start : rows.stop].numpy(),
+        }
+    if isinstance(dataset, EncodedImageDataset):
+        records = [_encoded_row(i, dataset.records[i]) for i in rows]
+        return {name: np.array([r[name] for r in records], dtype=object) for name in records[0]}
     x, y = sample_arrays(dataset, rows)
-    return _from_columns({"index": index, "x": x, "y": y}), Preprocess("tensor")
+    return {"index": index, "x": x, "y": y}
+
+
+@dataclass
+class TrainUnits:
+    """The train split as the units each worker plans its epochs over (``PlannedTrainBatches``):
+    row groups of a streamed source, or chunks of an in-memory one put in the object store."""
+
+    rows: list[int]
+    """Rows of each unit."""
+    items: list[dict[str, int]]
+    """The input row of the map stage that reads each unit."""
+    read: ReadRowGroups | ReadChunks
+    window: int
+    """Units whose rows are shuffled together."""
+
+
+def chunk_rows(rows: int, world_size: int) -> int:
+    """Rows per chunk of an in-memory train split: at most ``ROWS_PER_BLOCK``, and small enough
+    that every rank gets 16 or more, so dealing whole chunks leaves the ranks within one
+    chunk of each other."""
+    return max(1, min(ROWS_PER_BLOCK, rows // (world_size * 16)))
+
+
+def _train_units(job: Job, train: SizedDataset, world_size: int) -> TrainUnits:
+    import ray
+
+    if isinstance(train, ShardedSplit):
+        read = ReadRowGroups(train)
+        return _group_units(train, read, job.data.shuffle_row_groups)
+    size = chunk_rows(len(train), world_size)
+    starts = range(0, len(train), size)
+    chunks = tuple(
+        ray.put(_raw_columns(train, range(start, min(start + size, len(train)))))
+        for start in starts
+    )
+    return TrainUnits(
+        rows=[min(size, len(train) - start) for start in starts],
+        items=[{"position": p} for p in range(len(chunks))],
+        read=ReadChunks(chunks, _preprocess_of(train)),
+        window=max(1, job.data.ray_data.shuffle_buffer_rows // size),
+    )
+
+
+def _group_units(split: ShardedSplit, read: ReadRowGroups, window: int) -> TrainUnits:
+    items = row_group_slices(split, range(len(split)))  # the row groups that hold rows
+    return TrainUnits([i["hi"] - i["lo"] for i in items], items, read, window)
 
 
 def row_group_slices(split: ShardedSplit, rows: range) -> list[dict[str, int]]:
@@ -303,7 +416,7 @@ def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool) -> Any:
     cfg = job.data.ray_data
     task_cpus, actor_cpus = cpu_shares(job)
     # A row group is one call: its rows come out together, however many they are.
-    batch_size = 1 if isinstance(preprocess, ReadRowGroups) else cfg.batch_size
+    batch_size = 1 if isinstance(preprocess, ReadRowGroups | ReadChunks) else cfg.batch_size
     placement = {"resources": cfg.resources} if cfg.resources else {}
     if train and cfg.compute == "actors":
         return ds.map_batches(
@@ -327,24 +440,15 @@ def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool) -> Any:
 
 
 def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
-    """Read the configured source and build every split's Ray Dataset (in the driver)."""
-    from ray.data._internal.random_config import RandomSeedConfig
-
+    """Read the configured source and build the train units and every eval split's Ray
+    Datasets (in the driver)."""
     streamed = streams_whole_train(job.data)
     splits = load_parquet(job.data, read_train=False) if streamed else load_splits(job.data)
-    datasets: dict[str, Any] = {}
-    preprocess: Transform
     if streamed:
-        train, preprocess, train_rows = _parquet_train(job)
+        train, train_rows = _parquet_train(job, world_size)
     else:
-        train, preprocess = _raw_rows(splits.train, range(len(splits.train)))
-        train_rows = len(splits.train)
-    if isinstance(preprocess, Preprocess):
-        preprocess = replace(preprocess, seed=job.run.seed)
-    shuffled = train.randomize_block_order(
-        seed=RandomSeedConfig(seed=job.run.seed, reseed_after_execution=True)
-    )
-    datasets["train"] = _preprocessed(shuffled, preprocess, job, train=True)
+        train, train_rows = _train_units(job, splits.train, world_size), len(splits.train)
+    datasets: dict[str, Any] = {}
     eval_rows: dict[str, list[int]] = {}
     sample = sample_spec(splits)
     cache = _eval_bytes(splits, sample) <= job.data.ray_data.cache_eval_mib * 2**20
@@ -361,7 +465,7 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
             start += rows
     sizes = {"train": train_rows, "val": len(splits.val), "test": len(splits.test)}
     return RayDataPlan(
-        datasets, splits.shape, sizes, eval_rows, sample, splits.skipped, splits.meta
+        datasets, train, splits.shape, sizes, eval_rows, sample, splits.skipped, splits.meta
     )
 
 
@@ -378,20 +482,33 @@ def _eval_bytes(splits: Splits, sample: list[Any]) -> int:
     return (len(splits.val) + len(splits.test)) * per_row
 
 
-def _parquet_train(job: Job) -> tuple[Any, Preprocess, int]:
-    """Train shards read by Ray Data's parquet reader, in tasks; the driver reads only labels."""
-    import ray.data
-
+def _parquet_train(job: Job, world_size: int) -> tuple[TrainUnits, int]:
+    """Train shards read row group by row group in Ray Data's tasks; the driver reads only
+    their footers and labels. Row groups too large for every rank to get 16 units are read in
+    slices (each slice reads its whole row group: the price of a few large row groups)."""
     rows = check_train_labels(job.data)
-    shards = shard_files(Path(str(job.data.path)).expanduser() / "train")
-    dataset = ray.data.read_parquet([str(s) for s in shards], columns=list(COLUMNS))
+    location = str(Path(str(job.data.path)).expanduser())
+    groups, _ = scan_shards(location, list_shards(location, "train"))
+    split = ShardedSplit(location, groups, list(COLUMNS), _raw_rows_only, "label")
     preprocess = Preprocess(
         "encoded",
         job.data.image_size or 32,
         crop_padding=job.data.augment_crop_padding,
         flip=job.data.augment_flip,
     )
-    return dataset, preprocess, rows
+    most = max(1, math.ceil(rows / (world_size * 16)))
+    items = [
+        {"position": item["position"], "lo": lo, "hi": min(lo + most, item["hi"])}
+        for item in row_group_slices(split, range(len(split)))
+        for lo in range(item["lo"], item["hi"], most)
+    ]
+    window = max(1, job.data.ray_data.shuffle_buffer_rows // most)
+    read = ReadRowGroups(split, preprocess)
+    return TrainUnits([i["hi"] - i["lo"] for i in items], items, read, window), rows
+
+
+def _raw_rows_only(table: Any, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
+    raise RuntimeError("encoded image shards are decoded by Preprocess, not by the split")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,59 +521,69 @@ def _as_batch(batch: dict[str, torch.Tensor], seen: list[int] | None) -> Batch:
     return batch["x"], batch["y"]
 
 
-class RayTrainBatches:
-    """This worker's share of each epoch, in micro-batches (drop_last)."""
+class RayTrainBatches(PlannedTrainBatches):
+    """This worker's micro-batches of each epoch: the plan of ``PlannedTrainBatches`` over the
+    train units, which a Ray Dataset of this worker's reads and preprocesses in Ray tasks, in
+    the plan's order (``preserve_order``)."""
 
     def __init__(
-        self,
-        shard: Any,
-        micro_batch: int,
-        micro_batches: int,
-        prefetch: int,
-        shuffle_buffer: int,
-        seed: int,
-        accum: int = 1,
+        self, units: TrainUnits, job: Job, micro_batch: int, world_size: int, rank: int
     ) -> None:
-        self.shard = shard
-        self.micro_batch = micro_batch
-        self.micro_batches = micro_batches
-        self.prefetch = prefetch
-        self.shuffle_buffer = shuffle_buffer
-        self.seed = seed
-        self.epoch = 0
-        self.skip_micro = 0
-        self.accum = accum
-        """Micro-batches per optimizer step: a resumed step count skips this many each."""
+        super().__init__(
+            units.rows,
+            job.data.batch_size,
+            micro_batch,
+            world_size,
+            rank,
+            job.run.seed,
+            units.window,
+        )
+        self.units = units
+        self.job = job
         self.seen: list[int] | None = None
         """Set to a list to record the row indices handed out (for audits and tests)."""
 
-    def __len__(self) -> int:
-        return self.micro_batches
-
-    def start_epoch(self, epoch: int, skip_steps: int = 0) -> None:
-        self.epoch = epoch
-        self.skip_micro = skip_steps * self.accum
-
     def __iter__(self) -> Iterator[Batch]:
-        batches = self.shard.iter_torch_batches(
-            batch_size=self.micro_batch,
-            drop_last=True,
-            prefetch_batches=self.prefetch,
-            local_shuffle_buffer_size=self.shuffle_buffer or None,
-            local_shuffle_seed=self.seed + 1000 * self.epoch if self.shuffle_buffer else None,
-            device="cpu",
+        for x, y, index in self._rows():
+            if self.seen is not None:
+                self.seen += index.tolist()
+            yield x, y
+
+    def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
+        import ray.data
+
+        if not windows:
+            return
+        ray.data.DataContext.get_current().execution_options.preserve_order = True
+        # Augmentation draws differ every epoch, and are the same again on a resume.
+        read = self.units.read.with_seed(hash((self.job.run.seed, self.epoch)) % 2**31)
+        items = [self.units.items[p] for window in windows for p in window]
+        dataset = _preprocessed(
+            ray.data.from_items(items, override_num_blocks=len(items)), read, self.job, True
         )
-        iterator = iter(batches)
-        for i, batch in enumerate(iterator):
-            if i == self.micro_batches - 1:
-                # Finish this worker's pass before handing over the last batch, so the split
-                # never waits on a half-read epoch (drop_last may leave one partial batch).
-                for _ in iterator:
-                    pass
-            if i >= self.skip_micro:
-                yield _as_batch(batch, self.seen)
-            if i == self.micro_batches - 1:
-                return
+        blocks = dataset.iter_batches(
+            batch_size=None,
+            batch_format="numpy",
+            prefetch_batches=self.job.data.ray_data.prefetch_batches,
+        )
+        sizes = [sum(self.rows[p] for p in window) for window in windows]
+        yield from cut_windows(iter(blocks), sizes)
+
+
+def cut_windows(blocks: Iterator[dict[str, np.ndarray]], sizes: list[int]) -> Iterator[Rows]:
+    """(inputs, targets, row indices) of windows of ``sizes`` rows, cut in order from blocks
+    of any length."""
+    pending: list[dict[str, np.ndarray]] = []
+    have = 0
+    for size in sizes:
+        while have < size:
+            block = next(blocks)
+            pending.append(block)
+            have += len(block["index"])
+        joined = {k: np.concatenate([b[k] for b in pending]) for k in ("x", "y", "index")}
+        yield tuple(torch.from_numpy(joined[k][:size]) for k in ("x", "y", "index"))
+        pending = [{k: v[size:] for k, v in joined.items()}]
+        have -= size
 
 
 class RayEvalBatches:
@@ -495,21 +622,18 @@ class RayEvalBatches:
 
 
 def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
-    """This Ray Train worker's data, from its dataset shards (``get_dataset_shard``)."""
+    """This Ray Train worker's data: its train plan, and its eval chunks
+    (``get_dataset_shard``)."""
+    import ray.data
     import ray.train
 
     accum = job.optim.grad_accum_steps
     micro = job.data.batch_size // (world_size * accum)
-    rows_per_worker = info["sizes"]["train"] // world_size
-    train = RayTrainBatches(
-        ray.train.get_dataset_shard("train"),
-        micro,
-        (rows_per_worker // micro) // accum * accum,
-        job.data.ray_data.prefetch_batches,
-        job.data.ray_data.shuffle_buffer_rows,
-        seed=job.run.seed * 7919 + rank,
-        accum=accum,
-    )
+    # Every rank runs its own pipeline: together they keep to one pipeline's share of the
+    # object store (Ray Data's default), which bounds what runs ahead of training.
+    context = ray.data.DataContext.get_current()
+    context.override_object_store_memory_limit_fraction = OBJECT_STORE_SHARE / world_size
+    train = RayTrainBatches(info["train"], job, micro, world_size, rank)
     evals = {
         split: RayEvalBatches(
             ray.train.get_dataset_shard(f"{split}_{rank}"),

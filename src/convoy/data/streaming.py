@@ -34,25 +34,31 @@ from convoy.data.samplers import eval_rows_per_rank
 from convoy.data.shards import ShardedSplit
 from convoy.errors import DataError
 
+Rows = tuple[torch.Tensor, ...]
+"""Tensors of the same rows: (inputs, targets), with the rows' indices where recorded."""
 
-def deal_groups(split: ShardedSplit, world_size: int, seed: int) -> list[list[int]]:
-    """Row-group positions per rank: a seeded order, each group to the rank with fewest rows."""
-    order = np.random.default_rng([seed, 7]).permutation(len(split.groups))
+
+def deal_groups(rows: list[int], world_size: int, seed: int) -> list[list[int]]:
+    """Group positions per rank: a seeded order, each group (of ``rows[p]`` rows) to the rank
+    with fewest rows so far."""
+    order = np.random.default_rng([seed, 7]).permutation(len(rows))
     ranks: list[list[int]] = [[] for _ in range(world_size)]
-    rows = [0] * world_size
+    dealt = [0] * world_size
     for position in order.tolist():
-        rank = rows.index(min(rows))
+        rank = dealt.index(min(dealt))
         ranks[rank].append(position)
-        rows[rank] += split.groups[position].rows
+        dealt[rank] += rows[position]
     return ranks
 
 
-class StreamedTrainBatches:
-    """This rank's micro-batches of each epoch, read from its own row groups."""
+class PlannedTrainBatches:
+    """This rank's micro-batches of each epoch over groups of known row counts: the plan of
+    the module docstring (deal, per-epoch windows, permutation, exact skip). Subclasses read
+    the windows (``_read_windows``)."""
 
     def __init__(
         self,
-        split: ShardedSplit,
+        rows: list[int],
         global_batch: int,
         micro_batch: int,
         world_size: int,
@@ -60,19 +66,19 @@ class StreamedTrainBatches:
         seed: int,
         window: int,
     ) -> None:
-        self.split = split
+        self.rows = rows
         self.micro_batch = micro_batch
         self.share = global_batch // world_size
         self.rank = rank
         self.seed = seed
         self.window = window
-        dealt = deal_groups(split, world_size, seed)
-        rows = [sum(split.groups[p].rows for p in mine) for mine in dealt]
-        self.steps_per_epoch = min(rows) // self.share
+        dealt = deal_groups(rows, world_size, seed)
+        per_rank = [sum(rows[p] for p in mine) for mine in dealt]
+        self.steps_per_epoch = min(per_rank) // self.share
         if not self.steps_per_epoch:
             raise DataError(
-                f"data.path: the train split's {len(split.groups)} row group(s) give some of "
-                f"the {world_size} ranks {min(rows)} rows, fewer than one step's {self.share}; "
+                f"data.path: the train split's {len(rows)} row group(s) give some of the "
+                f"{world_size} ranks {min(per_rank)} rows, fewer than one step's {self.share}; "
                 "write smaller row groups or more rows, or use fewer workers"
             )
         self.mine = dealt[rank]
@@ -87,40 +93,72 @@ class StreamedTrainBatches:
         self.skip_rows = skip_steps * self.share
 
     def windows(self) -> list[list[int]]:
-        """This epoch's windows of row-group positions, in reading order."""
+        """This epoch's windows of group positions, in reading order."""
         rng = np.random.default_rng([self.seed, self.epoch, self.rank])
         order = [self.mine[i] for i in rng.permutation(len(self.mine)).tolist()]
         return [order[i : i + self.window] for i in range(0, len(order), self.window)]
 
     def __iter__(self) -> Iterator[Batch]:
+        return ((rows[0], rows[1]) for rows in self._rows())
+
+    def _rows(self) -> Iterator[Rows]:
         batches = (self.steps_per_epoch * self.share - self.skip_rows) // self.micro_batch
         return itertools.islice(rebatch(self._window_rows(), self.micro_batch), batches)
 
-    def _window_rows(self) -> Iterator[Batch]:
+    def _window_rows(self) -> Iterator[Rows]:
         """Each window's rows, permuted, from the first row not yet trained; windows wholly
-        inside the rows already trained are not read. The next window is read in a thread
-        while this one trains."""
-        windows = self.windows()
+        inside the rows already trained are not read."""
         skip = self.skip_rows
+        left: list[tuple[int, list[int], int]] = []  # (window number, positions, rows to skip)
+        for number, window in enumerate(self.windows()):
+            rows = sum(self.rows[p] for p in window)
+            if skip >= rows:
+                skip -= rows
+                continue
+            left.append((number, window, skip))
+            skip = 0
+        read = self._read_windows([window for _, window, _ in left])
+        for (number, window, skipped), parts in zip(left, read, strict=False):
+            rng = np.random.default_rng([self.seed, self.epoch, self.rank, number])
+            order = torch.from_numpy(rng.permutation(sum(self.rows[p] for p in window))[skipped:])
+            yield tuple(part[order] for part in parts)
+
+    def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
+        """The rows of each window, in order (the groups' rows one after the other)."""
+        raise NotImplementedError
+
+
+class StreamedTrainBatches(PlannedTrainBatches):
+    """The plan over a ``ShardedSplit``, read in this process: the next window in a
+    background thread while the current one trains."""
+
+    def __init__(
+        self,
+        split: ShardedSplit,
+        global_batch: int,
+        micro_batch: int,
+        world_size: int,
+        rank: int,
+        seed: int,
+        window: int,
+    ) -> None:
+        self.split = split
+        rows = [group.rows for group in split.groups]
+        super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
+
+    def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
         reader = ThreadPoolExecutor(max_workers=1)
-        ahead: Future[Batch] | None = None
+        ahead: Future[Rows] | None = None
         try:
             for number, window in enumerate(windows):
-                rows = sum(self.split.groups[p].rows for p in window)
-                if skip >= rows:
-                    skip -= rows
-                    continue
-                x, y = ahead.result() if ahead is not None else self._read(window)
+                parts = ahead.result() if ahead is not None else self._read(window)
                 following = windows[number + 1] if number + 1 < len(windows) else None
                 ahead = reader.submit(self._read, following) if following else None
-                rng = np.random.default_rng([self.seed, self.epoch, self.rank, number])
-                order = torch.from_numpy(rng.permutation(rows)[skip:])
-                skip = 0
-                yield x[order], y[order]
+                yield parts
         finally:  # the epoch may stop early (max_steps): do not wait for a read ahead
             reader.shutdown(wait=False, cancel_futures=True)
 
-    def _read(self, window: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _read(self, window: list[int]) -> Rows:
         parts = [self.split.read(position) for position in window]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
@@ -152,7 +190,8 @@ class StreamedEvalBatches:
             produced += 1
 
     def _real_batches(self) -> Iterator[Batch]:
-        return rebatch(self._chunks(), self.batch_size, keep_last=True)
+        batches = rebatch(self._chunks(), self.batch_size, keep_last=True)
+        return ((rows[0], rows[1]) for rows in batches)
 
     def _chunks(self) -> Iterator[Batch]:
         """This rank's rows of each row group that holds some, in order."""
@@ -165,17 +204,18 @@ class StreamedEvalBatches:
             yield x[lo:hi], y[lo:hi]
 
 
-def rebatch(chunks: Iterator[Batch], size: int, keep_last: bool = False) -> Iterator[Batch]:
-    """Batches of ``size`` rows cut from a stream of chunks of any length. Each chunk is
-    joined to the previous one's leftover once (batches are views of that), so a large chunk
-    is not copied again per batch; ``keep_last`` yields a final short batch."""
-    left: Batch | None = None
-    for x, y in chunks:
+def rebatch(chunks: Iterator[Rows], size: int, keep_last: bool = False) -> Iterator[Rows]:
+    """Batches of ``size`` rows cut from a stream of chunks of any length (tuples of tensors
+    of the same rows). Each chunk is joined to the previous one's leftover once (batches are
+    views of that), so a large chunk is not copied again per batch; ``keep_last`` yields a
+    final short batch."""
+    left: Rows | None = None
+    for parts in chunks:
         if left is not None and len(left[0]):
-            x, y = torch.cat([left[0], x]), torch.cat([left[1], y])
-        whole = len(x) // size * size
+            parts = tuple(torch.cat([a, b]) for a, b in zip(left, parts, strict=True))
+        whole = len(parts[0]) // size * size
         for start in range(0, whole, size):
-            yield x[start : start + size], y[start : start + size]
-        left = x[whole:], y[whole:]
+            yield tuple(part[start : start + size] for part in parts)
+        left = tuple(part[whole:] for part in parts)
     if keep_last and left is not None and len(left[0]):
         yield left

@@ -355,11 +355,8 @@ def build_trainer(
 
         plan = build_ray_data(job, job.scaling.max_workers)
         config["ray_data"] = plan.worker_info()
-        # Only train is split (streaming_split drops rows); each rank gets its eval chunk whole.
-        data = {
-            "datasets": plan.datasets,
-            "dataset_config": DataConfig(datasets_to_split=["train"]),
-        }
+        # Train is planned per rank (the worker info); each rank gets its eval chunk whole.
+        data = {"datasets": plan.datasets, "dataset_config": DataConfig(datasets_to_split=[])}
     return ConvoyTorchTrainer(
         prometheus=prometheus_enabled(job),
         private_ray=private_ray,
