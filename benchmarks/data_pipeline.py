@@ -78,7 +78,7 @@ def dataloader_rate(tree: Path) -> float:
 
 
 def ray_data_rate(tree: Path, compute: str) -> float:
-    from convoy.data.ray_data import build_ray_data
+    from convoy.data.ray_data import build_ray_data, units_dataset
 
     job = load_job(
         None,
@@ -93,7 +93,8 @@ def ray_data_rate(tree: Path, compute: str) -> float:
             *(["data.ray_data.concurrency=2"] if compute == "actors" else []),
         ],
     )
-    train = build_ray_data(job, world_size=1).datasets["train"]
+    units = build_ray_data(job, world_size=1).train
+    train = units_dataset(units, list(range(len(units.rows))), job, seed=0)
     for _ in train.iter_torch_batches(batch_size=128):  # first pass: starts tasks/actors
         pass
     start = time.perf_counter()

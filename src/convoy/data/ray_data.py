@@ -556,18 +556,24 @@ class RayTrainBatches(PlannedTrainBatches):
             return
         ray.data.DataContext.get_current().execution_options.preserve_order = True
         # Augmentation draws differ every epoch, and are the same again on a resume.
-        read = self.units.read.with_seed(hash((self.job.run.seed, self.epoch)) % 2**31)
-        items = [self.units.items[p] for window in windows for p in window]
-        dataset = _preprocessed(
-            ray.data.from_items(items, override_num_blocks=len(items)), read, self.job, True
-        )
-        blocks = dataset.iter_batches(
+        seed = hash((self.job.run.seed, self.epoch)) % 2**31
+        positions = [p for window in windows for p in window]
+        blocks = units_dataset(self.units, positions, self.job, seed).iter_batches(
             batch_size=None,
             batch_format="numpy",
             prefetch_batches=self.job.data.ray_data.prefetch_batches,
         )
         sizes = [sum(self.rows[p] for p in window) for window in windows]
         yield from cut_windows(iter(blocks), sizes)
+
+
+def units_dataset(units: TrainUnits, positions: list[int], job: Job, seed: int) -> Any:
+    """A Ray Dataset of the given train units, read and preprocessed in that order."""
+    import ray.data
+
+    items = [units.items[p] for p in positions]
+    raw = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
+    return _preprocessed(raw, units.read.with_seed(seed), job, train=True)
 
 
 def cut_windows(blocks: Iterator[dict[str, np.ndarray]], sizes: list[int]) -> Iterator[Rows]:
