@@ -19,8 +19,8 @@ groups (the driver checks only the footers and the label column).
 
 Training is planned, not split on demand. The driver cuts the train split into units: the row
 groups of a streamed source (read in the tasks, never by the driver), or chunks of an
-in-memory one (put in the object store once, ``chunk_rows`` rows each, small enough that every
-rank gets 16 or more). Each worker then runs the torch loader's streamed plan
+in-memory one (put in the object store once: ``chunk_rows`` rows drawn at random, seeded,
+few enough that every rank gets 16 chunks or more). Each worker then runs the torch loader's streamed plan
 (``PlannedTrainBatches``) over them: units dealt to the ranks once, seeded; every epoch a new
 seeded order of its units, rows permuted within windows of units (``shuffle_row_groups``
 row groups, or ``shuffle_buffer_rows`` rows of chunks); ``floor(min rank rows / share)`` steps
@@ -281,19 +281,16 @@ def _preprocess_of(dataset: SizedDataset) -> Preprocess:
     return Preprocess("tensor")
 
 
-def _raw_columns(dataset: SizedDataset, rows: range) -> dict[str, np.ndarray]:
+def _raw_columns(dataset: SizedDataset, rows: RowSet) -> dict[str, np.ndarray]:
     """``rows`` of an in-memory source as the numpy columns its ``Preprocess`` takes."""
-    index = np.arange(rows.start, rows.stop)
+    index = np.asarray(rows, dtype=np.int64)
     if isinstance(dataset, TensorImageDataset):
-        images = dataset.images[rows.start : rows.stop].numpy()
-        return {
-            "index": index,
-            "image": images,
-            "label": dataset.labels[rows.start : rows.stop].numpy(),
-        }
+        images, labels = _take(dataset.images, rows), _take(dataset.labels, rows)
+        return {"index": index, "image": images.numpy(), "label": labels.numpy()}
     if isinstance(dataset, EncodedImageDataset):
-        records = [_encoded_row(i, dataset.records[i]) for i in rows]
-        return {name: np.array([r[name] for r in records], dtype=object) for name in records[0]}
+        records = [_encoded_row(int(i), dataset.records[int(i)]) for i in index]
+        columns = {name: np.array([r[name] for r in records], dtype=object) for name in records[0]}
+        return {**columns, "index": index, "label": columns["label"].astype(np.int64)}
     x, y = sample_arrays(dataset, rows)
     return {"index": index, "x": x, "y": y}
 
@@ -326,11 +323,11 @@ def _train_units(job: Job, train: SizedDataset, world_size: int) -> TrainUnits:
         read = ReadRowGroups(train)
         return _group_units(train, read, job.data.shuffle_row_groups)
     size = chunk_rows(len(train), world_size)
+    # Chunks of rows drawn at random (seeded), not runs of neighbours: a source stored in
+    # class order (an image folder) would otherwise give windows of a few classes.
+    order = np.random.default_rng([job.run.seed, 11]).permutation(len(train))
     starts = range(0, len(train), size)
-    chunks = tuple(
-        ray.put(_raw_columns(train, range(start, min(start + size, len(train)))))
-        for start in starts
-    )
+    chunks = tuple(ray.put(_raw_columns(train, order[start : start + size])) for start in starts)
     return TrainUnits(
         rows=[min(size, len(train) - start) for start in starts],
         items=[{"position": p} for p in range(len(chunks))],
@@ -354,21 +351,29 @@ def row_group_slices(split: ShardedSplit, rows: range) -> list[dict[str, int]]:
     return slices
 
 
-def sample_arrays(dataset: SizedDataset, rows: range) -> tuple[np.ndarray, np.ndarray]:
+def sample_arrays(dataset: SizedDataset, rows: RowSet) -> tuple[np.ndarray, np.ndarray]:
     """``rows`` of a dataset as two stacked arrays (inputs, targets), as the DataLoader's
     collate makes them; every sample must have the same shapes."""
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, tuple) and len(tensors) == 2:  # a TensorDataset: no per-item calls
-        return tensors[0][rows.start : rows.stop].numpy(), tensors[1][
-            rows.start : rows.stop
-        ].numpy()
-    first = [torch.as_tensor(t) for t in dataset[rows.start if len(rows) else 0]]
+        return _take(tensors[0], rows).numpy(), _take(tensors[1], rows).numpy()
+    first = [torch.as_tensor(t) for t in dataset[int(rows[0]) if len(rows) else 0]]
     x = np.empty((len(rows), *first[0].shape), dtype=first[0].numpy().dtype)
     y = np.empty((len(rows), *first[1].shape), dtype=first[1].numpy().dtype)
     for i, row in enumerate(rows):
-        sample, target = dataset[row]
+        sample, target = dataset[int(row)]
         x[i], y[i] = torch.as_tensor(sample).numpy(), torch.as_tensor(target).numpy()
     return x, y
+
+
+RowSet = range | np.ndarray
+"""Rows of a split: a range (sliced, no copy) or an array of indices (gathered)."""
+
+
+def _take(tensor: torch.Tensor, rows: RowSet) -> torch.Tensor:
+    if isinstance(rows, range):
+        return tensor[rows.start : rows.stop]
+    return tensor[torch.from_numpy(np.asarray(rows, dtype=np.int64))]
 
 
 def _from_columns(columns: dict[str, np.ndarray]) -> Any:
