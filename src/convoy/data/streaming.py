@@ -77,8 +77,8 @@ class PlannedTrainBatches:
         self.steps_per_epoch = min(per_rank) // self.share
         if not self.steps_per_epoch:
             raise DataError(
-                f"data.path: the train split's {len(rows)} row group(s) give some of the "
-                f"{world_size} ranks {min(per_rank)} rows, fewer than one step's {self.share}; "
+                f"data.path: the train split's {len(rows)} row group(s) leave a rank of "
+                f"{world_size} with {min(per_rank)} rows, fewer than one step's {self.share}; "
                 "write smaller row groups or more rows, or use fewer workers"
             )
         self.mine = dealt[rank]
