@@ -6,7 +6,8 @@ fed? Data wait and rates of streamed sources against in-memory ones, on one GPU.
 
 1. Telematics (``convoy data synth-telematics``), conv1d, ``single``: the recipe's batch (64)
    and a GPU-sized one (1,024). The series source is streamed only: the figure is its data
-   wait, and its rate.
+   wait, and its rate. Then (``readers``) batch 1,024 with 1, 4 and 8 threads reading row
+   groups ahead (``data.num_workers``).
 2. gpt_small on one text corpus (the pydoc topics, each copied ``--copies`` times with its copy
    number, UTF-8 bytes as tokens), fsdp2 world 1 under torchrun, bf16: streamed from parquet
    shards (tokenized and packed in a background thread of the rank) against the same
@@ -62,6 +63,7 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=200)
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--copies", type=int, default=20)
+    parser.add_argument("--steps", default="telematics,readers,text", help="','-separated")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,9 +79,19 @@ def main() -> int:
     c.results["fleet_seconds"] = round(time.monotonic() - began, 1)
     single = ["scaling.launcher=local", "scaling.num_workers=1", "strategy.name=single",
               f"data.path={fleet}", "run.epochs=2", "checkpoint.every_epochs=null"]  # fmt: skip
-    for batch in (64, 1024):
-        c.train(f"telematics_b{batch}", TELEMATICS, [*single, f"data.batch_size={batch}"], 150,
-                batch)  # fmt: skip
+    steps = args.steps.split(",")
+    if "telematics" in steps:
+        for batch in (64, 1024):
+            c.train(f"telematics_b{batch}", TELEMATICS, [*single, f"data.batch_size={batch}"],
+                    150, batch)  # fmt: skip
+    if "readers" in steps:  # data.num_workers: threads reading row groups ahead
+        batch = 16 if quick else 1024
+        for readers in (0, 4, 8):
+            c.train(f"telematics_b{batch}_readers{max(1, readers)}", TELEMATICS,
+                    [*single, f"data.batch_size={batch}", f"data.num_workers={readers}"],
+                    150, batch)  # fmt: skip
+    if "text" not in steps:
+        return finish(c, out, quick)
 
     shards, whole = write_corpus(data / "text", 2 if quick else args.copies, 64)
     gpt = [*GPT_SMALL, "precision=bf16", f"run.max_steps={4 if quick else 60}"]
@@ -89,6 +101,11 @@ def main() -> int:
     for key, path in (("text_streamed", shards), ("text_in_memory", whole)):
         c.train(key, LM, [*gpt, f"data.path={path}"], 200, batch)
 
+    return finish(c, out, quick)
+
+
+def finish(c: Checklist, out: Path, quick: bool) -> int:
+    """Print and write the table of every run that left a summary."""
     rows = []
     for key, step in c.results["steps"].items():
         summary: dict[str, Any] = step.get("summary") or {}

@@ -22,6 +22,7 @@ masked batches to the common batch count, so every row is counted exactly once.
 
 from __future__ import annotations
 
+import collections
 import itertools
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -129,8 +130,9 @@ class PlannedTrainBatches:
 
 
 class StreamedTrainBatches(PlannedTrainBatches):
-    """The plan over a ``ShardedSplit``, read in this process: the next window in a
-    background thread while the current one trains."""
+    """The plan over a ``ShardedSplit``, read in this process by ``readers`` threads (parquet
+    reads and most of the decoding release the GIL): a window's row groups are read in
+    parallel, and the next ``ceil(readers / window)`` windows are read while this one trains."""
 
     def __init__(
         self,
@@ -141,26 +143,31 @@ class StreamedTrainBatches(PlannedTrainBatches):
         rank: int,
         seed: int,
         window: int,
+        readers: int = 1,
     ) -> None:
         self.split = split
+        self.readers = max(1, readers)
         rows = [group.rows for group in split.groups]
         super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
 
     def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
-        reader = ThreadPoolExecutor(max_workers=1)
-        ahead: Future[Rows] | None = None
+        pool = ThreadPoolExecutor(max_workers=self.readers)
+        ahead = -(-self.readers // self.window)
+        upcoming = iter(windows)
+        reading: collections.deque[list[Future[Rows]]] = collections.deque()
         try:
-            for number, window in enumerate(windows):
-                parts = ahead.result() if ahead is not None else self._read(window)
-                following = windows[number + 1] if number + 1 < len(windows) else None
-                ahead = reader.submit(self._read, following) if following else None
-                yield parts
-        finally:  # the epoch may stop early (max_steps): do not wait for a read ahead
-            reader.shutdown(wait=False, cancel_futures=True)
-
-    def _read(self, window: list[int]) -> Rows:
-        parts = [self.split.read(position) for position in window]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+            while True:
+                while len(reading) <= ahead:  # this window and those read ahead
+                    window = next(upcoming, None)
+                    if window is None:
+                        break
+                    reading.append([pool.submit(self.split.read, p) for p in window])
+                if not reading:
+                    return
+                parts = [future.result() for future in reading.popleft()]
+                yield torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        finally:  # the epoch may stop early (max_steps): do not wait for reads ahead
+            pool.shutdown(wait=False, cancel_futures=True)
 
 
 class StreamedEvalBatches:
