@@ -185,12 +185,12 @@ def test_an_s3_path_that_cannot_be_reached_says_what_to_set(
     assert "\n" not in message
 
 
-def test_reader_threads_give_the_same_batches_as_one(tmp_path: Path) -> None:
-    """``data.num_workers`` threads read a window's row groups in parallel, and windows ahead;
-    the batches are the same as with one reader, and an early stop does not hang."""
+def test_reader_processes_give_the_same_batches_as_one_thread(tmp_path: Path) -> None:
+    """``data.num_workers`` processes read every n-th window ahead; the batches are the same
+    as with the one reading thread, and an early stop does not hang."""
     split = id_split(tmp_path, SIZES)
     got = []
-    for readers in (1, 3, 8):
+    for readers in (0, 2):
         batches = StreamedTrainBatches(split, 8, 2, 2, 1, seed=3, window=2, readers=readers)
         batches.start_epoch(2, 1)
         got.append([x.tolist() for x, _ in batches])

@@ -152,7 +152,7 @@ def torch_worker_data(
     """The ``torch`` loader's data for one rank: DataLoaders over exact samplers, or for a
     streamed source (``ShardedSplit``) its row groups read window by window
     (``convoy.data.streaming``; ``stream_window`` row groups at a time, by ``num_workers``
-    threads, at least one)."""
+    processes, or one thread)."""
     from convoy.data.shards import ShardedSplit
     from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
 
