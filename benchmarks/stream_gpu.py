@@ -6,8 +6,7 @@ fed? Data wait and rates of streamed sources against in-memory ones, on one GPU.
 
 1. Telematics (``convoy data synth-telematics``), conv1d, ``single``: the recipe's batch (64)
    and a GPU-sized one (1,024). The series source is streamed only: the figure is its data
-   wait, and its rate. Then (``readers``) batch 1,024 with 1, 4 and 8 threads reading row
-   groups ahead (``data.num_workers``).
+   wait, and its rate.
 2. gpt_small on one text corpus (the pydoc topics, each copied ``--copies`` times with its copy
    number, UTF-8 bytes as tokens), fsdp2 world 1 under torchrun, bf16: streamed from parquet
    shards (tokenized and packed in a background thread of the rank) against the same
@@ -63,7 +62,7 @@ def main() -> int:
     parser.add_argument("--devices", type=int, default=200)
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--copies", type=int, default=20)
-    parser.add_argument("--steps", default="telematics,readers,text", help="','-separated")
+    parser.add_argument("--steps", default="telematics,text", help="','-separated")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -83,12 +82,6 @@ def main() -> int:
     if "telematics" in steps:
         for batch in (64, 1024):
             c.train(f"telematics_b{batch}", TELEMATICS, [*single, f"data.batch_size={batch}"],
-                    150, batch)  # fmt: skip
-    if "readers" in steps:  # data.num_workers: threads reading row groups ahead
-        batch = 16 if quick else 1024
-        for readers in (0, 4, 8):
-            c.train(f"telematics_b{batch}_readers{max(1, readers)}", TELEMATICS,
-                    [*single, f"data.batch_size={batch}", f"data.num_workers={readers}"],
                     150, batch)  # fmt: skip
     if "text" not in steps:
         return finish(c, out, quick)

@@ -135,8 +135,7 @@ class DataConfig(Section):
     eval_batch_size: Annotated[int, Field(gt=0)] = 256
     """Per-worker batch for evaluation."""
     num_workers: Annotated[int, Field(ge=0)] = 0
-    """DataLoader worker processes per training worker; for a streamed source (series, a
-    sharded text corpus), processes reading windows of row groups ahead (0: one thread)."""
+    """DataLoader worker processes per training worker."""
     val_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.1
     """Share of the training set held out for validation when the dataset has no val split."""
     test_fraction: Annotated[float, Field(gt=0, lt=1)] = 0.2

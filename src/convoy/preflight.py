@@ -132,8 +132,18 @@ def resolve_best_mode(job: Job, task: Task, splits: Splits) -> Job:
 
 
 def check_loader(job: Job, splits: Splits, sample: tuple[Any, Any]) -> None:
-    """``data.loader: ray_data`` carries samples as tensor columns: inputs and targets must be
-    tensors (not dicts or tuples)."""
+    """A streamed source reads no DataLoader processes; ``data.loader: ray_data`` carries
+    samples as tensor columns: inputs and targets must be tensors (not dicts or tuples)."""
+    from convoy.data.shards import ShardedSplit
+
+    if isinstance(splits.train, ShardedSplit) and job.data.num_workers:
+        raise ConfigError(
+            "data.num_workers",
+            job.data.num_workers,
+            f"data {job.data.name!r} is streamed row group by row group, the next window read "
+            "in a background thread of each train worker, not by DataLoader processes; "
+            "leave it 0",
+        )
     if job.data.loader != "ray_data":
         return
     for what, value in zip(("inputs", "targets"), sample, strict=True):

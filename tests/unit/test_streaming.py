@@ -185,17 +185,17 @@ def test_an_s3_path_that_cannot_be_reached_says_what_to_set(
     assert "\n" not in message
 
 
-def test_reader_processes_give_the_same_batches_as_one_thread(tmp_path: Path) -> None:
-    """``data.num_workers`` processes read every n-th window ahead; the batches are the same
-    as with the one reading thread, and an early stop does not hang."""
-    split = id_split(tmp_path, SIZES)
-    got = []
-    for readers in (0, 2):
-        batches = StreamedTrainBatches(split, 8, 2, 2, 1, seed=3, window=2, readers=readers)
-        batches.start_epoch(2, 1)
-        got.append([x.tolist() for x, _ in batches])
-        next(iter(batches))  # started and dropped: the reads ahead are cancelled
-    assert got[0] == got[1] == got[2] and got[0]
+def test_a_streamed_source_refuses_dataloader_processes(tmp_path: Path) -> None:
+    from convoy.config import load_job
+    from convoy.preflight import preflight
+
+    path = fleet(tmp_path)
+    job = load_job(
+        None,
+        ["data.name=series", f"data.path={path}", "model.name=conv1d", "data.num_workers=2"],
+    )
+    with pytest.raises(ConfigError, match=r"data.num_workers: got 2; .* leave it 0"):
+        preflight(job)
 
 
 def test_other_bad_shards_are_one_line_too(tmp_path: Path) -> None:

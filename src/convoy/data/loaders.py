@@ -151,22 +151,14 @@ def torch_worker_data(
 ) -> WorkerData:
     """The ``torch`` loader's data for one rank: DataLoaders over exact samplers, or for a
     streamed source (``ShardedSplit``) its row groups read window by window
-    (``convoy.data.streaming``; ``stream_window`` row groups at a time, by ``num_workers``
-    processes, or one thread)."""
+    (``convoy.data.streaming``; ``stream_window`` row groups at a time)."""
     from convoy.data.shards import ShardedSplit
     from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
 
     train: TrainBatches
     if isinstance(splits.train, ShardedSplit):
         train = StreamedTrainBatches(
-            splits.train,
-            global_batch,
-            micro_batch,
-            world_size,
-            rank,
-            seed,
-            stream_window,
-            readers=num_workers,
+            splits.train, global_batch, micro_batch, world_size, rank, seed, stream_window
         )
     else:
         train = train_loader(

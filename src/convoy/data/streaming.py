@@ -28,7 +28,6 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import torch
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
 from convoy.data.loaders import Batch
 from convoy.data.samplers import eval_rows_per_rank
@@ -130,10 +129,8 @@ class PlannedTrainBatches:
 
 
 class StreamedTrainBatches(PlannedTrainBatches):
-    """The plan over a ``ShardedSplit``, read in this process: by one background thread that
-    reads the next window while this one trains (``readers`` 0), or by ``readers`` DataLoader
-    worker processes, each reading every ``readers``-th window, ``prefetch`` windows ahead
-    (decoding holds the GIL, so threads would take turns with the training step)."""
+    """The plan over a ``ShardedSplit``, read in this process: the next window in a
+    background thread while the current one trains."""
 
     def __init__(
         self,
@@ -144,54 +141,26 @@ class StreamedTrainBatches(PlannedTrainBatches):
         rank: int,
         seed: int,
         window: int,
-        readers: int = 0,
     ) -> None:
         self.split = split
-        self.readers = readers
         rows = [group.rows for group in split.groups]
         super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
 
     def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
-        if self.readers:
-            loader = DataLoader(
-                WindowReads(self.split, windows),
-                batch_size=None,  # a window is one item, already a tensor pair
-                num_workers=self.readers,
-            )
-            yield from loader
-            return
         reader = ThreadPoolExecutor(max_workers=1)
         ahead: Future[Rows] | None = None
         try:
             for number, window in enumerate(windows):
-                parts = ahead.result() if ahead is not None else read_window(self.split, window)
+                parts = ahead.result() if ahead is not None else self._read(window)
                 following = windows[number + 1] if number + 1 < len(windows) else None
-                if following:
-                    ahead = reader.submit(read_window, self.split, following)
+                ahead = reader.submit(self._read, following) if following else None
                 yield parts
         finally:  # the epoch may stop early (max_steps): do not wait for a read ahead
             reader.shutdown(wait=False, cancel_futures=True)
 
-
-def read_window(split: ShardedSplit, window: list[int]) -> Rows:
-    """A window's row groups, decoded and joined in order."""
-    parts = [split.read(position) for position in window]
-    return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
-
-
-class WindowReads(IterableDataset[Rows]):
-    """Windows read by DataLoader workers: worker ``w`` of ``n`` reads windows ``w, w + n,
-    ...``; the DataLoader takes one from each worker in turn, so they come out in order."""
-
-    def __init__(self, split: ShardedSplit, windows: list[list[int]]) -> None:
-        self.split = split
-        self.windows = windows
-
-    def __iter__(self) -> Iterator[Rows]:
-        info = get_worker_info()
-        worker, workers = (info.id, info.num_workers) if info else (0, 1)
-        for number in range(worker, len(self.windows), workers):
-            yield read_window(self.split, self.windows[number])
+    def _read(self, window: list[int]) -> Rows:
+        parts = [self.split.read(position) for position in window]
+        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 
 class StreamedEvalBatches:
