@@ -69,9 +69,9 @@ class RayDataConfig(Section):
     """Units (row groups or chunks) each worker's pipeline hands over ahead of the step, and
     batches of an eval split (iter_torch_batches)."""
     shuffle_buffer_rows: Annotated[int, Field(ge=0)] = 1024
-    """Rows of an in-memory source whose order each worker shuffles together every epoch (a
-    window of chunks, after the chunks' own seeded order); streamed sources use
-    ``data.shuffle_row_groups``."""
+    """Rows of an in-memory source (or of parquet image slices) whose order each worker
+    shuffles together every epoch (a window of chunks, after the chunks' own seeded order);
+    streamed sources use ``data.shuffle_row_groups``."""
     resources: dict[str, float] = Field(default_factory=dict)
     """Custom Ray resources every preprocessing task or actor asks for, e.g.
     ``{preprocess: 1}``: the map stages then run only on nodes started with that resource

@@ -102,3 +102,28 @@ def test_finished_samples_become_the_same_tensor_rows() -> None:
     x, y = sample_arrays(series, range(5, 9))
     assert np.array_equal(x, np.stack([series[i][0].numpy() for i in range(5, 9)]))
     assert y.tolist() == [int(series[i][1]) for i in range(5, 9)]
+
+
+def test_too_small_an_in_memory_split_names_the_batch_not_row_groups() -> None:
+    from convoy.config import load_job
+    from convoy.data.ray_data import RayTrainBatches, ReadChunks, TrainUnits
+
+    job = load_job(None, ["data.batch_size=64"])
+    units = TrainUnits(rows=[10, 10, 10], items=[{"position": p} for p in range(3)],
+                       read=ReadChunks((), Preprocess("tensor")), window=1)  # fmt: skip
+    with pytest.raises(DataError, match=r"^data.batch_size: the train split's 30 rows") as caught:
+        RayTrainBatches(units, job, micro_batch=32, world_size=2, rank=0)
+    assert "\n" not in str(caught.value) and "row group" not in str(caught.value)
+
+
+def test_every_workers_actor_pool_fits_in_the_reservation() -> None:
+    """Each train worker runs its own pipeline: their pools share the actors' half."""
+    from convoy.config import load_job
+    from convoy.data.ray_data import cpu_shares
+
+    job = load_job(None, ["data.ray_data.compute=actors", "data.ray_data.reserved_cpus=2",
+                          "data.ray_data.concurrency=2"])  # fmt: skip
+    assert cpu_shares(job) == (1.0, 0.5)
+    for workers in (2, 4):
+        task_cpus, actor_cpus = cpu_shares(job, pipelines=workers)
+        assert actor_cpus * 2 * workers == pytest.approx(1.0) and task_cpus == 1.0

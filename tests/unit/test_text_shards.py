@@ -150,3 +150,18 @@ def test_bad_corpora_are_refused_in_one_line(tmp_path: Path) -> None:
     refused(r"data.train_size.*streamed corpus", cfg(numbers, train_size=4))
     blank = write_text_shards(tmp_path / "c", {"train": ["one two"] * 3, "val": ["  "] * 3})
     refused(r"the val split has fewer than 2 tokens", cfg(blank, tokenizer="bytes"))
+
+
+def test_both_loaders_deal_the_same_units_when_a_row_group_packs_nothing(tmp_path: Path) -> None:
+    """A row group of blank documents holds no sequence: neither loader makes it a unit, so
+    the torch loader and Ray Data deal the same row groups."""
+    from convoy.data.ray_data import row_group_slices
+
+    docs = pydoc_docs()
+    train: list[Any] = [*docs[10:14], "  ", None, *docs[14:40]]  # the 3rd group is blank
+    root = write_text_shards(tmp_path, {"train": train, "val": docs[:5]}, rows_per_group=2)
+    split = load_splits(cfg(root, tokenizer="bytes")).train
+    assert [g.rows for g in split.groups].count(0) == 1
+    streamed = StreamedTrainBatches(split, 8, 4, 2, 0, seed=3, window=2)
+    ray_units = [item["position"] for item in row_group_slices(split, range(len(split)))]
+    assert streamed.positions == ray_units and 2 not in ray_units

@@ -126,8 +126,9 @@ class Preprocess:
         return images
 
     def _augment(self, images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
-        # Seeded by the rows in the batch: reproducible for a given order, and different every
-        # epoch because the shuffle changes which rows share a batch.
+        # Seeded by ``seed`` and the rows in the batch: the train units are read whole, and
+        # ``with_seed`` gives every epoch its own seed, so the draws change every epoch and
+        # are the same again on a resume.
         generator = torch.Generator().manual_seed(hash((self.seed, *indices.tolist())) % 2**63)
         fill = -1.0 if self.kind == "encoded" else float(self._normalized_zero())
         return torch.stack(
@@ -401,25 +402,28 @@ def _encoded_row(index: int, record: ImageRecord) -> dict[str, Any]:
     return {**row, "image": record.data}
 
 
-def cpu_shares(job: Job) -> tuple[float, float]:
+def cpu_shares(job: Job, pipelines: int = 1) -> tuple[float, float]:
     """CPUs per Ray Data task and per preprocessing actor, within ``reserved_cpus``.
 
-    An actor pool holds its CPUs for the whole epoch; the shuffle and the eval datasets still
-    need tasks meanwhile, so actors take half the reservation and tasks the other half.
-    Without actors, tasks may use all of it (at most one CPU each).
+    An actor pool holds its CPUs for the whole epoch; the eval datasets still need tasks
+    meanwhile, so actors take half the reservation and tasks the other half. Every train
+    worker runs its own pipeline (``pipelines`` of them), each with its own pool, so the
+    actors' half is split between them: otherwise one worker's pool could wait for CPUs that
+    the others' pools hold while those workers wait for it in a collective. Without actors,
+    tasks may use all of it (at most one CPU each).
     """
     cfg = job.data.ray_data
     if cfg.compute == "tasks":
         return min(1.0, cfg.reserved_cpus), 0.0
     pool = cfg.concurrency or 1
-    return min(1.0, cfg.reserved_cpus / 2), cfg.reserved_cpus / 2 / pool
+    return min(1.0, cfg.reserved_cpus / 2), cfg.reserved_cpus / 2 / pool / pipelines
 
 
-def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool) -> Any:
+def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool, pipelines: int = 1) -> Any:
     import ray.data
 
     cfg = job.data.ray_data
-    task_cpus, actor_cpus = cpu_shares(job)
+    task_cpus, actor_cpus = cpu_shares(job, pipelines)
     # A row group is one call: its rows come out together, however many they are.
     batch_size = 1 if isinstance(preprocess, ReadRowGroups | ReadChunks) else cfg.batch_size
     placement = {"resources": cfg.resources} if cfg.resources else {}
@@ -507,7 +511,9 @@ def _parquet_train(job: Job, world_size: int) -> tuple[TrainUnits, int]:
         for item in row_group_slices(split, range(len(split)))
         for lo in range(item["lo"], item["hi"], most)
     ]
-    window = max(1, job.data.ray_data.shuffle_buffer_rows // most)
+    # Whole row groups or slices, whichever is fewer rows; at least shuffle_row_groups of them
+    # are shuffled together (shards written in class order mix only across units).
+    window = max(job.data.shuffle_row_groups, job.data.ray_data.shuffle_buffer_rows // most)
     read = ReadRowGroups(split, preprocess)
     return TrainUnits([i["hi"] - i["lo"] for i in items], items, read, window), rows
 
@@ -534,6 +540,7 @@ class RayTrainBatches(PlannedTrainBatches):
     def __init__(
         self, units: TrainUnits, job: Job, micro_batch: int, world_size: int, rank: int
     ) -> None:
+        self.units = units  # before the plan, whose refusal names what the units are
         super().__init__(
             units.rows,
             job.data.batch_size,
@@ -543,10 +550,19 @@ class RayTrainBatches(PlannedTrainBatches):
             job.run.seed,
             units.window,
         )
-        self.units = units
         self.job = job
+        self.world_size = world_size
         self.seen: list[int] | None = None
         """Set to a list to record the row indices handed out (for audits and tests)."""
+
+    def too_few(self, units: int, world_size: int, rows: int) -> str:
+        if isinstance(self.units.read, ReadRowGroups):
+            return super().too_few(units, world_size, rows)
+        return (
+            f"data.batch_size: the train split's {sum(self.units.rows)} rows, dealt to "
+            f"{world_size} ranks in chunks, leave a rank {rows} rows, fewer than one step's "
+            f"{self.share}; lower data.batch_size or use fewer workers"
+        )
 
     def __iter__(self) -> Iterator[Batch]:
         for x, y, index in self._rows():
@@ -563,7 +579,8 @@ class RayTrainBatches(PlannedTrainBatches):
         # Augmentation draws differ every epoch, and are the same again on a resume.
         seed = hash((self.job.run.seed, self.epoch)) % 2**31
         positions = [p for window in windows for p in window]
-        blocks = units_dataset(self.units, positions, self.job, seed).iter_batches(
+        dataset = units_dataset(self.units, positions, self.job, seed, self.world_size)
+        blocks = dataset.iter_batches(
             batch_size=None,
             batch_format="numpy",
             prefetch_batches=self.job.data.ray_data.prefetch_batches,
@@ -572,13 +589,16 @@ class RayTrainBatches(PlannedTrainBatches):
         yield from cut_windows(iter(blocks), sizes)
 
 
-def units_dataset(units: TrainUnits, positions: list[int], job: Job, seed: int) -> Any:
-    """A Ray Dataset of the given train units, read and preprocessed in that order."""
+def units_dataset(
+    units: TrainUnits, positions: list[int], job: Job, seed: int, pipelines: int = 1
+) -> Any:
+    """A Ray Dataset of the given train units, read and preprocessed in that order; one of
+    ``pipelines`` that run at once (one per train worker)."""
     import ray.data
 
     items = [units.items[p] for p in positions]
     raw = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    return _preprocessed(raw, units.read.with_seed(seed), job, train=True)
+    return _preprocessed(raw, units.read.with_seed(seed), job, True, pipelines)
 
 
 def cut_windows(blocks: Iterator[dict[str, np.ndarray]], sizes: list[int]) -> Iterator[Rows]:

@@ -76,14 +76,18 @@ class PlannedTrainBatches:
         per_rank = [sum(rows[p] for p in mine) for mine in dealt]
         self.steps_per_epoch = min(per_rank) // self.share
         if not self.steps_per_epoch:
-            raise DataError(
-                f"data.path: the train split's {len(rows)} row group(s) leave a rank of "
-                f"{world_size} with {min(per_rank)} rows, fewer than one step's {self.share}; "
-                "write smaller row groups or more rows, or use fewer workers"
-            )
+            raise DataError(self.too_few(len(rows), world_size, min(per_rank)))
         self.mine = dealt[rank]
         self.epoch = 0
         self.skip_rows = 0
+
+    def too_few(self, units: int, world_size: int, rows: int) -> str:
+        """The one-line error when a rank gets less than one step's rows."""
+        return (
+            f"data.path: the train split's {units} row group(s) leave a rank of {world_size} "
+            f"with {rows} rows, fewer than one step's {self.share}; write smaller row groups "
+            "or more rows, or use fewer workers"
+        )
 
     def __len__(self) -> int:
         return self.steps_per_epoch * self.share // self.micro_batch
@@ -143,7 +147,9 @@ class StreamedTrainBatches(PlannedTrainBatches):
         window: int,
     ) -> None:
         self.split = split
-        rows = [group.rows for group in split.groups]
+        # Units are the row groups that hold rows (as Ray Data's), so both deal alike.
+        self.positions = [p for p, group in enumerate(split.groups) if group.rows]
+        rows = [split.groups[p].rows for p in self.positions]
         super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
 
     def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
@@ -159,7 +165,7 @@ class StreamedTrainBatches(PlannedTrainBatches):
             reader.shutdown(wait=False, cancel_futures=True)
 
     def _read(self, window: list[int]) -> Rows:
-        parts = [self.split.read(position) for position in window]
+        parts = [self.split.read(self.positions[unit]) for unit in window]
         return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
 
 

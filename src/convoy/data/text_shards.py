@@ -20,7 +20,8 @@ data.seq_len``; the tail is padded):
 
 - eval splits: over the whole stream, across row-group and shard boundaries. A row group holds
   the sequences that start in it, and reading it reads the following groups as far as its
-  last sequence reaches. Bits per byte equal the in-memory source's on the same documents.
+  last sequence reaches. Bits per byte equal the in-memory source's on the same documents
+  with the same tokenizer (bytes, or a BPE whose train split fits in its sample).
 - train: over each row group's own stream, led by the separator that joins it to the previous
   group, so every token of every document is a target exactly once; only the separators at
   row-group boundaries are not (predicting one needs the previous group's last token). Row
