@@ -45,9 +45,15 @@ KILL_RANK_1 = ("fault.kind=kill", "fault.rank=1", "fault.at_step=30")
 
 
 def test_two_kills_are_survived_with_the_same_result(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
-    reference = ray_job(tmp_path, "uninterrupted")
+    """Two SIGKILLs at step 30 of a 39-step epoch, through Ray Data: each restart resumes at
+    step 20 and reads exactly the rows the uninterrupted run trained from there, in its
+    order, so the final weights are bitwise the same. (The torch loader's bitwise resume on
+    Ray: tests/cluster/test_preemption.py.)"""
+    reference = ray_job(tmp_path, "uninterrupted", "data.loader=ray_data")
     convoy.train(reference)
-    killed = ray_job(tmp_path, "killed-twice", *KILL_RANK_1, "fault.attempts=2")
+    killed = ray_job(
+        tmp_path, "killed-twice", "data.loader=ray_data", *KILL_RANK_1, "fault.attempts=2"
+    )
     result = convoy.train(killed)
     assert (killed.run_dir / ".attempts").read_text() == "3"  # two SIGKILLs, then success
     assert result.summary["resumed_from"].endswith("step_00000020")
@@ -67,21 +73,3 @@ def test_a_third_kill_fails_clearly_and_keeps_checkpoints(tmp_path: Path, ray_se
     for checkpoint in checkpoints:  # every committed checkpoint still loads
         out = export_checkpoint(job.run_dir, tmp_path / checkpoint, checkpoint)
         assert load_file(str(out / WEIGHTS_FILE))
-
-
-def test_ray_data_resumes_mid_epoch_with_the_rows_not_yet_trained(
-    tmp_path: Path, ray_session
-) -> None:  # type: ignore[no-untyped-def]
-    """A kill at step 30 of a 39-step epoch through Ray Data: the restart resumes at step 20
-    and reads exactly the rows the uninterrupted run trained from there, in its order, so the
-    final weights are bitwise the same."""
-    ray_data = ("data.loader=ray_data", "run.epochs=1")
-    reference = ray_job(tmp_path, "uninterrupted", *ray_data)
-    convoy.train(reference)
-    killed = ray_job(tmp_path, "killed", *ray_data, *KILL_RANK_1, "fault.attempts=1")
-    result = convoy.train(killed)
-    assert result.summary["resumed_from"].endswith("step_00000020")
-    assert result.summary["steps"] == 39
-    expected, got = final_weights(reference, tmp_path), final_weights(killed, tmp_path)
-    for name, tensor in expected.items():
-        assert torch.equal(tensor, got[name]), name
