@@ -124,22 +124,28 @@ def _read_txt(path: Path) -> str:
         ) from None
 
 
-def _read_parquet(path: Path, column: str) -> list[str]:
+def check_text_column(schema: Any, column: str, where: str | Path) -> None:
+    """Refuse, naming ``data.text_column``, a parquet schema without that column or where it
+    is not text."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
-    schema = pq.read_schema(path)
     if column not in schema.names:
         raise ConfigError(
             "data.text_column",
             column,
-            f"{path} has no such column; it has {', '.join(schema.names)}",
+            f"{where} has no such column; it has {', '.join(schema.names)}",
         )
     kind = schema.field(column).type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise ConfigError(
-            "data.text_column", column, f"{path}: the column is {kind}, not text (strings)"
+            "data.text_column", column, f"{where}: the column is {kind}, not text (strings)"
         )
+
+
+def _read_parquet(path: Path, column: str) -> list[str]:
+    import pyarrow.parquet as pq
+
+    check_text_column(pq.read_schema(path), column, path)
     values = pq.read_table(path, columns=[column]).column(column).to_pylist()
     if any(not isinstance(v, str) for v in values if v is not None):
         raise ConfigError("data.text_column", column, f"{path}: the column must hold strings")

@@ -63,6 +63,7 @@ from convoy.data.text import (
     BPETokenizer,
     ByteTokenizer,
     TextTokenizer,
+    check_text_column,
     check_text_path,
     load_text,
 )
@@ -278,22 +279,6 @@ def build_stream_tokenizer(cfg: DataConfig, train: ShardedSplit, identity: Any) 
     return BPETokenizer.from_json(cached("tokenizers", key, train_bpe))
 
 
-def _check_column(cfg: DataConfig, location: str, schema: Any) -> None:
-    import pyarrow as pa
-
-    if cfg.text_column not in schema.names:
-        raise ConfigError(
-            "data.text_column",
-            cfg.text_column,
-            f"{location} has no such column; it has {', '.join(schema.names)}",
-        )
-    kind = schema.field(cfg.text_column).type
-    if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
-        raise ConfigError(
-            "data.text_column", cfg.text_column, f"{location}: the column is {kind}, not text"
-        )
-
-
 def load_text_shards(cfg: DataConfig) -> Splits:
     """The three streamed splits of packed sequences (see the module docstring)."""
     if cfg.train_size is not None:  # before any read: nothing to cap in a stream
@@ -303,7 +288,7 @@ def load_text_shards(cfg: DataConfig) -> Splits:
     location = str(cfg.path)
     check_text_shards(location)
     scanned = scan_splits(location, SPLITS)
-    _check_column(cfg, location, scanned["train"][1])
+    check_text_column(scanned["train"][1], cfg.text_column, location)
     raw = {
         split: ShardedSplit(location, groups, [cfg.text_column], _no_decoder, cfg.text_column)
         for split, (groups, _) in scanned.items()
