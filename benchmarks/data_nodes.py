@@ -120,6 +120,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--placements", default=";".join(PLACEMENTS), help="';'-separated")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("-o", dest="more", action="append", default=[],
+                        help="another override for every run, e.g. data.ray_data.prefetch_batches=8")  # fmt: skip
     args = parser.parse_args()
     reason = cannot_make_hosts()
     if reason:
@@ -159,7 +161,7 @@ def main() -> None:
                         driver,
                         cluster,
                         recipe,
-                        [*overrides, *extra, f"run.epochs={args.epochs}"],
+                        [*overrides, *extra, *args.more, f"run.epochs={args.epochs}"],
                         folder / "runs",
                         name,
                     )
