@@ -60,7 +60,8 @@ class RayDataConfig(Section):
     compute: Literal["tasks", "actors"] = "tasks"
     """tasks: stateless Ray tasks; actors: a pool of long-lived actors."""
     concurrency: Annotated[int, Field(gt=0)] | None = None
-    """Most tasks at once, or the actor pool's size (default: Ray decides; 1 actor)."""
+    """Most tasks at once, or the actor pool's size, per pipeline (every train worker runs
+    its own for training; default: Ray decides; 1 actor)."""
     batch_size: Annotated[int, Field(gt=0)] = 256
     """Rows per preprocessing batch."""
     reserved_cpus: Annotated[float, Field(gt=0)] = 1.0
