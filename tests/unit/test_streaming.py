@@ -118,6 +118,21 @@ def test_the_series_source_streams_the_generated_fleet(tmp_path: Path) -> None:
     assert torch.equal(again.test[7][0], splits.test[7][0])  # seeded: the same rows
 
 
+def test_a_split_reads_the_same_after_pickling_and_from_another_thread(tmp_path: Path) -> None:
+    """Open shards are kept per thread and never pickled: a Ray task or a reading thread
+    opens its own, and reads what the first reader read."""
+    import pickle
+    from concurrent.futures import ThreadPoolExecutor
+
+    split = id_split(tmp_path, SIZES)
+    first = [split.read(p)[0].tolist() for p in range(len(split.groups))]
+    copy = pickle.loads(pickle.dumps(split))
+    assert [copy.read(p)[0].tolist() for p in range(len(split.groups))] == first
+    with ThreadPoolExecutor(1) as other:
+        assert other.submit(lambda: split.read(6)[0].tolist()).result() == first[6]
+    assert [i for group in first for i in group] == list(range(49))
+
+
 def rewrite(shard: Path, change: Any) -> None:
     pq.write_table(change(pq.read_table(shard)), shard)
 

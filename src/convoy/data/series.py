@@ -66,9 +66,10 @@ class SeriesDecoder:
         for c, name in enumerate(self.channels):
             series[:, c] = self._channel(table.column(name).combine_chunks(), name, shard)
         x = torch.from_numpy(series)
-        if self.mean:
-            mean = torch.tensor(self.mean).view(1, -1, 1)
-            x = (x - mean) / torch.tensor(self.std).view(1, -1, 1)
+        if self.mean:  # in place: no copies of the whole row group
+            x.sub_(torch.tensor(self.mean).view(1, -1, 1)).div_(
+                torch.tensor(self.std).view(1, -1, 1)
+            )
         labels = table.column(self.label_column)
         if labels.null_count:
             row = int(np.flatnonzero(labels.is_null().to_numpy(zero_copy_only=False))[0])
@@ -88,7 +89,7 @@ class SeriesDecoder:
                 "every row needs every channel"
             )
         lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
-        values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32)
+        values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
         if (lengths == self.length).all():
             return values.reshape(len(lengths), self.length)
         if not self.pad:

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +27,9 @@ import torch
 
 from convoy.errors import ConfigError
 from convoy.storage import is_remote
+
+OPEN_SHARDS = 4
+"""Shards a reading thread keeps open: a window's row groups come from a few shards."""
 
 Decode = Callable[[Any, str], tuple[torch.Tensor, torch.Tensor]]
 """(a pyarrow table of one row group, its shard's name) -> (inputs, targets)."""
@@ -181,6 +186,7 @@ class ShardedSplit:
         self.decode = decode
         self.target_column = target_column
         self._cached: tuple[int, tuple[torch.Tensor, torch.Tensor]] | None = None
+        self._open = threading.local()
 
     def __len__(self) -> int:
         last = self.groups[-1] if self.groups else None
@@ -191,14 +197,25 @@ class ShardedSplit:
         return self.decode(self.read_table(position), self.groups[position].shard)
 
     def read_table(self, position: int, columns: list[str] | None = None) -> Any:
+        group = self.groups[position]
+        return self._shard(group.shard).read_row_group(group.index, columns=columns or self.columns)
+
+    def _shard(self, shard: str) -> Any:
+        """The open ``pq.ParquetFile`` of ``shard``, kept for the next row groups of this
+        thread: its footer is parsed once (on S3, fetched once), not at every row group."""
         import pyarrow.parquet as pq
 
-        group = self.groups[position]
+        files: OrderedDict[str, Any] | None = getattr(self._open, "files", None)
+        if files is None:
+            files = self._open.files = OrderedDict()
+        if shard in files:
+            files.move_to_end(shard)
+            return files[shard]
         fs, _ = open_location(self.location)
-        with fs.open_input_file(group.shard) as handle:
-            return pq.ParquetFile(handle).read_row_group(
-                group.index, columns=columns or self.columns
-            )
+        files[shard] = pq.ParquetFile(fs.open_input_file(shard))
+        if len(files) > OPEN_SHARDS:
+            files.popitem(last=False)[1].close()
+        return files[shard]
 
     def group_of(self, row: int) -> int:
         """The position of the row group that holds ``row``."""
@@ -227,4 +244,8 @@ class ShardedSplit:
         return torch.tensor(values[:limit])
 
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_cached": None}  # what goes to a Ray task is the recipe
+        # What goes to a Ray task is the recipe, not this process's reads and open files.
+        return {**self.__dict__, "_cached": None, "_open": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _open=threading.local())
