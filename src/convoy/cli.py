@@ -303,7 +303,7 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
             if "tokens_per_second" in summary
             else ""
         )
-        + f"step {1000 * step:.1f} ms (median) | data wait {100 * summary['data_wait_fraction']:.1f}%"
+        + f"step {1000 * step:.1f} ms (median) | data wait {_data_wait(summary)}"
         if step is not None
         else f"wall {summary['wall_seconds']:.1f} s",
         f"peak memory per rank (MiB): {memory}",
@@ -317,6 +317,16 @@ def format_summary(summary: dict[str, Any], run_dir: str) -> str:
         lines.append(throughput)
     lines.append(f"run dir: {run_dir}")
     return "\n".join(lines)
+
+
+def _data_wait(summary: dict[str, Any]) -> str:
+    """The data-wait fraction; with the first batch apart where it weighs (a pipeline's
+    start is paid once, and a short run shows mostly that)."""
+    whole = f"{100 * summary['data_wait_fraction']:.1f}%"
+    first, after = summary.get("first_batch_seconds"), summary.get("data_wait_fraction_after_first")
+    if first is None or after is None or summary["data_wait_fraction"] - after < 0.01:
+        return whole
+    return f"{whole} ({100 * after:.1f}% after the first batch, which took {first:.1f} s)"
 
 
 def _throughput_line(summary: dict[str, Any]) -> str:

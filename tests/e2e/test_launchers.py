@@ -57,6 +57,10 @@ def assert_trained(result: convoy.launchers.RunResult, world_size: int) -> None:
         assert record["tflops"] > 0
         assert record["mfu"] is None  # CPU: no peak, no MFU
     assert summary["flops_per_sample"] > 0
+    # The first batch's wait apart, and the rest's fraction: together the whole run's.
+    first, after = summary["first_batch_seconds"], summary["data_wait_fraction_after_first"]
+    assert first >= 0 and 0 <= after <= 1
+    assert first <= summary["data_wait_fraction"] * summary["train_seconds"] + 1e-9
     assert (
         summary["step_seconds_p10"] <= summary["step_seconds_median"] <= summary["step_seconds_p90"]
     )

@@ -238,3 +238,14 @@ def test_the_train_summary_prints_the_names_the_module_logged() -> None:
         ["val_acc", "0.8750"],
         ["test_acc", "0.9000"],
     ]
+
+
+def test_the_summary_shows_the_first_batch_apart_where_it_weighs() -> None:
+    from convoy.cli import _data_wait
+
+    summary = {"data_wait_fraction": 0.2, "first_batch_seconds": 2.8}
+    assert _data_wait({**summary, "data_wait_fraction_after_first": 0.012}) == (
+        "20.0% (1.2% after the first batch, which took 2.8 s)"
+    )
+    assert _data_wait({**summary, "data_wait_fraction_after_first": 0.195}) == "20.0%"
+    assert _data_wait({"data_wait_fraction": 0.2}) == "20.0%"  # a summary from before

@@ -83,6 +83,33 @@ def test_a_resumed_epoch_continues_with_the_rows_not_yet_trained(tmp_path: Path)
             assert resumed == [rows[skip * share :] for rows in whole]
 
 
+def test_an_epoch_is_read_from_start_epoch_on_with_the_same_rows(tmp_path: Path) -> None:
+    """start_epoch reads the first window before any batch is asked for (the engine starts
+    the next epoch before evaluating the last); a second start_epoch of the same epoch keeps
+    that reading, and the rows are those of an epoch started as it is iterated."""
+    split = id_split(tmp_path, SIZES)
+    expected = epoch_rows(split, epoch=2, world=1)[0]
+    reads: list[int] = []
+    reading = ShardedSplit(
+        split.location,
+        split.groups,
+        split.columns,
+        lambda table, shard: reads.append(len(table)) or row_ids(table, shard),
+        "id",
+    )
+    batches = StreamedTrainBatches(reading, 8, 2, 1, 0, seed=3, window=2)
+    list(batches)  # epoch 0, as the engine trains it
+    reads.clear()
+    batches.start_epoch(2)
+    assert batches.started is not None
+    batches.started.first.result()  # read without a batch asked for
+    first_window = [batches.rows[p] for p in batches.windows(2)[0]]
+    assert reads[:2] == first_window
+    batches.start_epoch(2)  # again, right before iterating: the same reading goes on
+    assert [int(i) for x, _ in batches for i in x] == expected
+    assert sorted(reads) == sorted(batches.rows)  # every group read once, none twice
+
+
 def test_every_eval_row_once_over_ranks_with_masked_padding(tmp_path: Path) -> None:
     split = id_split(tmp_path, SIZES)
     for world in (1, 2, 3, 4):

@@ -29,7 +29,9 @@ class TrainBatches(Protocol):
         """Micro-batches of a whole epoch on this rank."""
 
     def start_epoch(self, epoch: int, skip_steps: int = 0) -> None:
-        """Begin ``epoch``, after its first ``skip_steps`` global batches (resuming)."""
+        """Begin ``epoch``, after its first ``skip_steps`` global batches (resuming). Called
+        as soon as the epoch is known (before the previous one is evaluated), and again
+        right before it is iterated: a loader may start reading at the first call."""
 
     def __iter__(self) -> Iterator[Batch]: ...
 

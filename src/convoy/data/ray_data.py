@@ -570,14 +570,14 @@ class RayTrainBatches(PlannedTrainBatches):
                 self.seen += index.tolist()
             yield x, y
 
-    def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
+    def _read_windows(self, windows: list[list[int]], epoch: int) -> Iterator[Rows]:
         import ray.data
 
         if not windows:
             return
         ray.data.DataContext.get_current().execution_options.preserve_order = True
         # Augmentation draws differ every epoch, and are the same again on a resume.
-        seed = hash((self.job.run.seed, self.epoch)) % 2**31
+        seed = hash((self.job.run.seed, epoch)) % 2**31
         positions = [p for window in windows for p in window]
         dataset = units_dataset(self.units, positions, self.job, seed, self.world_size)
         blocks = dataset.iter_batches(

@@ -6,6 +6,8 @@ rank with the fewest rows so far: every rank reads only its own groups, so the d
 once per epoch however many ranks there are. Each epoch a rank permutes its groups (seeded by
 ``seed``, epoch and rank), reads them ``window`` groups at a time (the next window in a
 background thread while the current one trains) and permutes the rows inside each window.
+An epoch's first window is read from ``start_epoch`` on, so an engine that starts the next
+epoch before evaluating the last finds its first batches ready.
 All ranks train ``floor(min_rank_rows / share)`` steps (``share`` = global batch / ranks), so
 every row is trained at most once per epoch and the few left over at the end of a rank's
 stream are skipped (different ones every epoch). The order depends only on the row counts
@@ -25,6 +27,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -36,6 +39,27 @@ from convoy.errors import DataError
 
 Rows = tuple[torch.Tensor, ...]
 """Tensors of the same rows: (inputs, targets), with the rows' indices where recorded."""
+
+T = TypeVar("T")
+_END = object()
+
+
+class FirstAhead(Generic[T]):
+    """An iterator whose first item is fetched at once, in a background thread; the rest
+    are fetched as they are asked for, in the asking thread."""
+
+    def __init__(self, items: Iterator[T]) -> None:
+        self.items = items
+        fetcher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="convoy-first-window")
+        self.first: Future[object] = fetcher.submit(next, items, _END)
+        fetcher.shutdown(wait=False)  # the fetch runs on; nothing else is submitted
+
+    def __iter__(self) -> Iterator[T]:
+        first = self.first.result()
+        if first is _END:
+            return
+        yield first  # type: ignore[misc]
+        yield from self.items
 
 
 def deal_groups(rows: list[int], world_size: int, seed: int) -> list[list[int]]:
@@ -80,6 +104,8 @@ class PlannedTrainBatches:
         self.mine = dealt[rank]
         self.epoch = 0
         self.skip_rows = 0
+        self.started: FirstAhead[Rows] | None = None
+        """The started epoch's windows, until they are iterated."""
 
     def too_few(self, units: int, world_size: int, rows: int) -> str:
         """The one-line error when a rank gets less than one step's rows."""
@@ -93,12 +119,20 @@ class PlannedTrainBatches:
         return self.steps_per_epoch * self.share // self.micro_batch
 
     def start_epoch(self, epoch: int, skip_steps: int = 0) -> None:
+        """Begin ``epoch`` after ``skip_steps`` steps, and start reading its first window in
+        the background (again for the same epoch: the reading already started goes on)."""
+        if self.started is not None and (self.epoch, self.skip_rows) == (
+            epoch,
+            skip_steps * self.share,
+        ):
+            return
         self.epoch = epoch
         self.skip_rows = skip_steps * self.share
+        self.started = FirstAhead(self._window_rows(epoch, self.skip_rows))
 
-    def windows(self) -> list[list[int]]:
-        """This epoch's windows of group positions, in reading order."""
-        rng = np.random.default_rng([self.seed, self.epoch, self.rank])
+    def windows(self, epoch: int) -> list[list[int]]:
+        """``epoch``'s windows of group positions, in reading order."""
+        rng = np.random.default_rng([self.seed, epoch, self.rank])
         order = [self.mine[i] for i in rng.permutation(len(self.mine)).tolist()]
         return [order[i : i + self.window] for i in range(0, len(order), self.window)]
 
@@ -107,28 +141,30 @@ class PlannedTrainBatches:
 
     def _rows(self) -> Iterator[Rows]:
         batches = (self.steps_per_epoch * self.share - self.skip_rows) // self.micro_batch
-        return itertools.islice(rebatch(self._window_rows(), self.micro_batch), batches)
+        windows = self.started or self._window_rows(self.epoch, self.skip_rows)
+        self.started = None
+        return itertools.islice(rebatch(iter(windows), self.micro_batch), batches)
 
-    def _window_rows(self) -> Iterator[Rows]:
-        """Each window's rows, permuted, from the first row not yet trained; windows wholly
-        inside the rows already trained are not read."""
-        skip = self.skip_rows
+    def _window_rows(self, epoch: int, skip: int) -> Iterator[Rows]:
+        """Each window's rows of ``epoch``, permuted, from row ``skip`` on; windows wholly
+        inside the rows skipped are not read."""
         left: list[tuple[int, list[int], int]] = []  # (window number, positions, rows to skip)
-        for number, window in enumerate(self.windows()):
+        for number, window in enumerate(self.windows(epoch)):
             rows = sum(self.rows[p] for p in window)
             if skip >= rows:
                 skip -= rows
                 continue
             left.append((number, window, skip))
             skip = 0
-        read = self._read_windows([window for _, window, _ in left])
+        read = self._read_windows([window for _, window, _ in left], epoch)
         for (number, window, skipped), parts in zip(left, read, strict=False):
-            rng = np.random.default_rng([self.seed, self.epoch, self.rank, number])
+            rng = np.random.default_rng([self.seed, epoch, self.rank, number])
             order = torch.from_numpy(rng.permutation(sum(self.rows[p] for p in window))[skipped:])
             yield tuple(part[order] for part in parts)
 
-    def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
-        """The rows of each window, in order (the groups' rows one after the other)."""
+    def _read_windows(self, windows: list[list[int]], epoch: int) -> Iterator[Rows]:
+        """The rows of each window of ``epoch``, in order (the groups' rows one after the
+        other)."""
         raise NotImplementedError
 
 
@@ -152,7 +188,7 @@ class StreamedTrainBatches(PlannedTrainBatches):
         rows = [split.groups[p].rows for p in self.positions]
         super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
 
-    def _read_windows(self, windows: list[list[int]]) -> Iterator[Rows]:
+    def _read_windows(self, windows: list[list[int]], epoch: int) -> Iterator[Rows]:
         reader = ThreadPoolExecutor(max_workers=1)
         ahead: Future[Rows] | None = None
         try:

@@ -112,6 +112,9 @@ class Timers:
     first_step_end: float | None = None
     step_seconds: list[float] = field(default_factory=list)
     data_wait_seconds: float = 0.0
+    first_batch: tuple[float, float] | None = None
+    """The first step's (data wait, step seconds): a pipeline starting (Ray Data's task
+    processes, a first read from S3) is paid there once, and reported apart from the rest."""
     train_seconds: float = 0.0
     samples: int = 0
     units: torch.Tensor | float = 0.0
@@ -276,6 +279,7 @@ def _train_and_summarize(
     if job.fault.kind != "none":
         state.attempt = next_attempt(storage, ctx.is_main)
     start = _restore(job, ctx, state, storage)
+    data.train.start_epoch(start.epoch, start.steps_into_epoch)  # reading starts meanwhile
     sizes = data.sizes
     layout = layout_name(job.strategy.name, tp_size_of(job.strategy))
     header = (
@@ -322,6 +326,8 @@ def _run_epochs(
         _train_epoch(job, state, data.train, epoch, (steps_per_epoch, total_steps))
         values = state.metrics.compute("train")
         last = epoch == job.run.epochs - 1 or state.step >= total_steps
+        if not last:  # the next epoch's first batches are read while this one is evaluated
+            data.train.start_epoch(epoch + 1)
         if (epoch + 1) % job.run.eval_every_epochs == 0 or last:
             val = _evaluate(state, data.val, "val", ctx)
             state.events.emit(EvalEvent("val", state.step, epoch + 1, val))
@@ -647,6 +653,7 @@ def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any]) -> None:
 def _record_step(timers: Timers, start: float, data_ready: float, end: float, batch: int) -> None:
     if timers.first_step_end is None:
         timers.first_step_end = time.time()
+        timers.first_batch = (data_ready - start, end - start)
     timers.step_seconds.append(end - start)
     timers.data_wait_seconds += data_ready - start
     timers.train_seconds += end - start
@@ -756,8 +763,23 @@ def _summary(
         "peak_flops_per_device": throughput.peak_flops,
         "mfu": throughput.mfu(samples_per_second, ctx.world_size),
         "data_wait_fraction": timers.data_wait_seconds / max(timers.train_seconds, 1e-9),
+        **_first_batch_apart(timers),
         "peak_memory_bytes_per_rank": peak_memory,
         "peak_memory_reserved_bytes_per_rank": None if None in peak_reserved else peak_reserved,
+    }
+
+
+def _first_batch_apart(timers: Timers) -> dict[str, float | None]:
+    """The first batch's wait, and the data-wait fraction of every later step."""
+    if timers.first_batch is None:
+        return {"first_batch_seconds": None, "data_wait_fraction_after_first": None}
+    wait, step = timers.first_batch
+    later = timers.train_seconds - step
+    return {
+        "first_batch_seconds": wait,
+        "data_wait_fraction_after_first": (
+            (timers.data_wait_seconds - wait) / later if later > 0 else None
+        ),
     }
 
 
