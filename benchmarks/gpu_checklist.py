@@ -174,6 +174,7 @@ SUMMARY_KEYS = (
     "samples_per_second", "tokens_per_second", "step_seconds_median", "step_seconds_p10",
     "step_seconds_p90", "train_seconds", "wall_seconds", "flops_per_sample",
     "tflops_per_second", "peak_flops_per_device", "mfu", "data_wait_fraction",
+    "first_batch_seconds", "data_wait_fraction_after_first",
     "peak_memory_bytes_per_rank", "peak_memory_reserved_bytes_per_rank", "compile_seconds",
     "metrics",
 )  # fmt: skip

@@ -63,6 +63,8 @@ def main() -> int:
     parser.add_argument("--hours", type=float, default=1.0)
     parser.add_argument("--copies", type=int, default=20)
     parser.add_argument("--steps", default="telematics,text", help="','-separated")
+    parser.add_argument("--batches", default="64,1024", help="telematics global batches")
+    parser.add_argument("--epochs", type=int, default=2, help="telematics epochs")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -77,10 +79,11 @@ def main() -> int:
                                   str(devices), "--hours", str(hours)], 150)  # fmt: skip
     c.results["fleet_seconds"] = round(time.monotonic() - began, 1)
     single = ["scaling.launcher=local", "scaling.num_workers=1", "strategy.name=single",
-              f"data.path={fleet}", "run.epochs=2", "checkpoint.every_epochs=null"]  # fmt: skip
+              f"data.path={fleet}", f"run.epochs={args.epochs}",
+              "checkpoint.every_epochs=null"]  # fmt: skip
     steps = args.steps.split(",")
     if "telematics" in steps:
-        for batch in (64, 1024):
+        for batch in map(int, args.batches.split(",")):
             c.train(f"telematics_b{batch}", TELEMATICS, [*single, f"data.batch_size={batch}"],
                     150, batch)  # fmt: skip
     if "text" not in steps:
@@ -109,14 +112,23 @@ def finish(c: Checklist, out: Path, quick: bool) -> int:
         if key.startswith("text") and steady:
             steady *= 1024 if not quick else 128  # sequences/s -> tokens/s
         wait = summary.get("data_wait_fraction")
+        first, after = (
+            summary.get("first_batch_seconds"),
+            summary.get("data_wait_fraction_after_first"),
+        )
         metrics = summary.get("metrics", {})
         quality = metrics.get("test/acc", metrics.get("test/bpb"))
         rows.append(
             f"| {key} | {rate or 0:,.0f} | {steady or 0:,.0f} | "
-            f"{100 * (wait or 0):.1f}% | {quality if quality is None else round(quality, 4)} |"
+            f"{100 * (wait or 0):.1f}% | {'-' if first is None else f'{first:.2f} s'} | "
+            f"{'-' if after is None else f'{100 * after:.1f}%'} | "
+            f"{quality if quality is None else round(quality, 4)} |"
         )
-    header = "| run | rate (whole run, /s) | steady rate (median step, /s) | data wait | test |"
-    table = "\n".join([header, "|---|---|---|---|---|", *rows])
+    header = (
+        "| run | rate (whole run, /s) | steady rate (median step, /s) | data wait | "
+        "first batch | data wait after it | test |"
+    )
+    table = "\n".join([header, "|---|---|---|---|---|---|---|", *rows])
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(c.results, indent=1, default=str))
     print(table)
