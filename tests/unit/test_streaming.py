@@ -16,7 +16,7 @@ import torch
 from convoy.config import DataConfig
 from convoy.data.registry import check_dataset, load_splits
 from convoy.data.shards import ShardedSplit, list_shards, scan_shards
-from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
+from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches, rebatch
 from convoy.data.telematics import FleetSpec, write_fleet
 from convoy.errors import ConfigError, ConvoyError, DataError
 
@@ -108,6 +108,25 @@ def test_an_epoch_is_read_from_start_epoch_on_with_the_same_rows(tmp_path: Path)
     batches.start_epoch(2)  # again, right before iterating: the same reading goes on
     assert [int(i) for x, _ in batches for i in x] == expected
     assert sorted(reads) == sorted(batches.rows)  # every group read once, none twice
+
+
+@pytest.mark.parametrize("size", [1, 3, 4, 10, 40])
+def test_rebatch_cuts_any_chunks_into_the_same_rows_in_order(size: int) -> None:
+    lengths = [5, 0, 3, 12, 1, 1, 7]  # 29 rows
+    chunks, first = [], 0
+    for length in lengths:
+        rows = torch.arange(first, first + length)
+        chunks.append((rows, -rows))
+        first += length
+    for keep_last in (False, True):
+        batches = list(rebatch(iter(chunks), size, keep_last))
+        whole = 29 // size * size
+        assert [len(x) for x, _ in batches] == [size] * (29 // size) + (
+            [29 - whole] if keep_last and whole < 29 else []
+        )
+        rows = torch.cat([x for x, _ in batches]) if batches else torch.empty(0)
+        assert rows.tolist() == list(range(len(rows)))
+        assert all(torch.equal(y, -x) for x, y in batches)
 
 
 def test_every_eval_row_once_over_ranks_with_masked_padding(tmp_path: Path) -> None:

@@ -570,7 +570,9 @@ class RayTrainBatches(PlannedTrainBatches):
                 self.seen += index.tolist()
             yield x, y
 
-    def _read_windows(self, windows: list[list[int]], epoch: int) -> Iterator[Rows]:
+    def _read_windows(
+        self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
+    ) -> Iterator[Rows]:
         import ray.data
 
         if not windows:
@@ -586,7 +588,8 @@ class RayTrainBatches(PlannedTrainBatches):
             prefetch_batches=self.job.data.ray_data.prefetch_batches,
         )
         sizes = [sum(self.rows[p] for p in window) for window in windows]
-        yield from cut_windows(iter(blocks), sizes)
+        for parts, order in zip(cut_windows(iter(blocks), sizes), orders, strict=True):
+            yield tuple(part[order] for part in parts)
 
 
 def units_dataset(

@@ -156,15 +156,19 @@ class PlannedTrainBatches:
                 continue
             left.append((number, window, skip))
             skip = 0
-        read = self._read_windows([window for _, window, _ in left], epoch)
-        for (number, window, skipped), parts in zip(left, read, strict=False):
-            rng = np.random.default_rng([self.seed, epoch, self.rank, number])
-            order = torch.from_numpy(rng.permutation(sum(self.rows[p] for p in window))[skipped:])
-            yield tuple(part[order] for part in parts)
+        orders = [self._order(epoch, number, window, skipped) for number, window, skipped in left]
+        return self._read_windows([window for _, window, _ in left], orders, epoch)
 
-    def _read_windows(self, windows: list[list[int]], epoch: int) -> Iterator[Rows]:
-        """The rows of each window of ``epoch``, in order (the groups' rows one after the
-        other)."""
+    def _order(self, epoch: int, number: int, window: list[int], skipped: int) -> torch.Tensor:
+        """The rows of window ``number`` of ``epoch`` in training order (indices into its
+        groups' rows one after the other), less the first ``skipped``."""
+        rng = np.random.default_rng([self.seed, epoch, self.rank, number])
+        return torch.from_numpy(rng.permutation(sum(self.rows[p] for p in window))[skipped:])
+
+    def _read_windows(
+        self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
+    ) -> Iterator[Rows]:
+        """The rows of each window of ``epoch``, in its order (``_order``)."""
         raise NotImplementedError
 
 
@@ -188,21 +192,25 @@ class StreamedTrainBatches(PlannedTrainBatches):
         rows = [split.groups[p].rows for p in self.positions]
         super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
 
-    def _read_windows(self, windows: list[list[int]], epoch: int) -> Iterator[Rows]:
+    def _read_windows(
+        self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
+    ) -> Iterator[Rows]:
         reader = ThreadPoolExecutor(max_workers=1)
         ahead: Future[Rows] | None = None
         try:
             for number, window in enumerate(windows):
-                parts = ahead.result() if ahead is not None else self._read(window)
-                following = windows[number + 1] if number + 1 < len(windows) else None
-                ahead = reader.submit(self._read, following) if following else None
+                parts = ahead.result() if ahead is not None else self._read(window, orders[number])
+                if number + 1 < len(windows):
+                    ahead = reader.submit(self._read, windows[number + 1], orders[number + 1])
                 yield parts
         finally:  # the epoch may stop early (max_steps): do not wait for a read ahead
             reader.shutdown(wait=False, cancel_futures=True)
 
-    def _read(self, window: list[int]) -> Rows:
+    def _read(self, window: list[int], order: torch.Tensor) -> Rows:
+        """A window's rows in training order, decoded and permuted here in the reading
+        thread: the training thread only slices batches."""
         parts = [self.split.read(self.positions[unit]) for unit in window]
-        return torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+        return tuple(torch.cat([p[i] for p in parts])[order] for i in (0, 1))
 
 
 class StreamedEvalBatches:
@@ -248,16 +256,25 @@ class StreamedEvalBatches:
 
 def rebatch(chunks: Iterator[Rows], size: int, keep_last: bool = False) -> Iterator[Rows]:
     """Batches of ``size`` rows cut from a stream of chunks of any length (tuples of tensors
-    of the same rows). Each chunk is joined to the previous one's leftover once (batches are
-    views of that), so a large chunk is not copied again per batch; ``keep_last`` yields a
-    final short batch."""
-    left: Rows | None = None
+    of the same rows). A batch inside a chunk is a view of it; only a batch that spans chunks
+    is copied together, so no chunk is copied whole (this runs in the training thread);
+    ``keep_last`` yields a final short batch."""
+    pending: list[Rows] = []  # the pieces of a batch that spans chunks
+    have = 0
     for parts in chunks:
-        if left is not None and len(left[0]):
-            parts = tuple(torch.cat([a, b]) for a, b in zip(left, parts, strict=True))
-        whole = len(parts[0]) // size * size
-        for start in range(0, whole, size):
-            yield tuple(part[start : start + size] for part in parts)
-        left = tuple(part[whole:] for part in parts)
-    if keep_last and left is not None and len(left[0]):
-        yield left
+        rows, start = len(parts[0]), 0
+        if pending:
+            start = min(size - have, rows)
+            pending.append(tuple(part[:start] for part in parts))
+            have += start
+            if have < size:
+                continue
+            yield tuple(torch.cat(pieces) for pieces in zip(*pending, strict=True))
+            pending, have = [], 0
+        whole = start + (rows - start) // size * size
+        for first in range(start, whole, size):
+            yield tuple(part[first : first + size] for part in parts)
+        if whole < rows:
+            pending, have = [tuple(part[whole:] for part in parts)], rows - whole
+    if keep_last and pending:
+        yield tuple(torch.cat(pieces) for pieces in zip(*pending, strict=True))
