@@ -30,6 +30,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gpu_checklist import GPT_SMALL, LM, Checklist
 
 TELEMATICS = "recipes/telematics_stream.yaml"
+READER_ALONE = """
+import json, sys, time
+from convoy.config import DataConfig
+from convoy.data.registry import load_splits
+from convoy.data.streaming import StreamedTrainBatches
+splits = load_splits(DataConfig(name="series", path=sys.argv[1]))
+batch = min(1024, len(splits.train))
+batches = StreamedTrainBatches(splits.train, batch, batch, 1, 0, 0, 4)
+rows, start = 0, time.perf_counter()
+for epoch in range(3):
+    batches.start_epoch(epoch)
+    rows += sum(len(x) for x, _ in batches)
+print(json.dumps({"rows_per_second": rows / (time.perf_counter() - start)}))
+"""
+"""The torch loader's stream of the train split alone (no training), batches of 1,024."""
 
 
 def write_corpus(root: Path, copies: int, rows_per_group: int) -> tuple[Path, Path]:
@@ -83,6 +98,11 @@ def main() -> int:
               "checkpoint.every_epochs=null"]  # fmt: skip
     steps = args.steps.split(",")
     if "telematics" in steps:
+        rc, text = c.run("reader_alone", [sys.executable, "-c", READER_ALONE, str(fleet)], 120)
+        if rc == 0:
+            c.results["reader_rows_per_second"] = json.loads(text.strip().splitlines()[-1])[
+                "rows_per_second"
+            ]
         for batch in map(int, args.batches.split(",")):
             c.train(f"telematics_b{batch}", TELEMATICS, [*single, f"data.batch_size={batch}"],
                     150, batch)  # fmt: skip
@@ -129,6 +149,8 @@ def finish(c: Checklist, out: Path, quick: bool) -> int:
         "first batch | data wait after it | test |"
     )
     table = "\n".join([header, "|---|---|---|---|---|---|---|", *rows])
+    if "reader_rows_per_second" in c.results:
+        table += f"\n\nreader alone: {c.results['reader_rows_per_second']:,.0f} rows/s"
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(c.results, indent=1, default=str))
     print(table)
