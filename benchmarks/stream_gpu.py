@@ -4,9 +4,10 @@ fed? Data wait and rates of streamed sources against in-memory ones, on one GPU.
     python3 benchmarks/stream_gpu.py --out "$OUT"          # on a CUDA machine
     python3 benchmarks/stream_gpu.py --out /tmp/x --quick  # CPU dry run of every command
 
-1. Telematics (``convoy data synth-telematics``), conv1d, ``single``: the recipe's batch (64)
-   and a GPU-sized one (1,024). The series source is streamed only: the figure is its data
-   wait, and its rate.
+1. Telematics (``convoy data synth-telematics``, in each of ``--layouts``: list<float32>
+   channels or packed float32 bytes), conv1d, ``single``: the recipe's batch (64) and a
+   GPU-sized one (1,024). The series source is streamed only: the figures are its data wait
+   and its rate, and the reader's rate alone (the train split streamed with nothing training).
 2. gpt_small on one text corpus (the pydoc topics, each copied ``--copies`` times with its copy
    number, UTF-8 bytes as tokens), fsdp2 world 1 under torchrun, bf16: streamed from parquet
    shards (tokenized and packed in a background thread of the rank) against the same
@@ -80,6 +81,7 @@ def main() -> int:
     parser.add_argument("--steps", default="telematics,text", help="','-separated")
     parser.add_argument("--batches", default="64,1024", help="telematics global batches")
     parser.add_argument("--epochs", type=int, default=2, help="telematics epochs")
+    parser.add_argument("--layouts", default="lists", help="telematics layouts: lists,packed")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -87,25 +89,11 @@ def main() -> int:
     data = c.runs / "data"
     quick = args.quick
 
-    fleet = data / "fleet"
     devices, hours = (6, 0.1) if quick else (args.devices, args.hours)
-    began = time.monotonic()
-    c.convoy("synth_telematics", ["data", "synth-telematics", str(fleet), "--devices",
-                                  str(devices), "--hours", str(hours)], 150)  # fmt: skip
-    c.results["fleet_seconds"] = round(time.monotonic() - began, 1)
-    single = ["scaling.launcher=local", "scaling.num_workers=1", "strategy.name=single",
-              f"data.path={fleet}", f"run.epochs={args.epochs}",
-              "checkpoint.every_epochs=null"]  # fmt: skip
     steps = args.steps.split(",")
     if "telematics" in steps:
-        rc, text = c.run("reader_alone", [sys.executable, "-c", READER_ALONE, str(fleet)], 120)
-        if rc == 0:
-            c.results["reader_rows_per_second"] = json.loads(text.strip().splitlines()[-1])[
-                "rows_per_second"
-            ]
-        for batch in map(int, args.batches.split(",")):
-            c.train(f"telematics_b{batch}", TELEMATICS, [*single, f"data.batch_size={batch}"],
-                    150, batch)  # fmt: skip
+        for layout in args.layouts.split(","):
+            telematics(c, data / f"fleet-{layout}", layout, (devices, hours), args)
     if "text" not in steps:
         return finish(c, out, quick)
 
@@ -118,6 +106,30 @@ def main() -> int:
         c.train(key, LM, [*gpt, f"data.path={path}"], 200, batch)
 
     return finish(c, out, quick)
+
+
+def telematics(
+    c: Checklist, fleet: Path, layout: str, size: tuple[float, float], args: argparse.Namespace
+) -> None:
+    """Write the fleet in ``layout``, stream it alone, then train on it at each batch."""
+    devices, hours = size
+    began = time.monotonic()
+    layout_args = ["--layout", layout] if layout != "lists" else []  # older trees: lists only
+    c.convoy(f"synth_telematics_{layout}", ["data", "synth-telematics", str(fleet), "--devices",
+             str(devices), "--hours", str(hours), *layout_args], 150)  # fmt: skip
+    c.results[f"fleet_seconds_{layout}"] = round(time.monotonic() - began, 1)
+    rc, text = c.run(
+        f"reader_alone_{layout}", [sys.executable, "-c", READER_ALONE, str(fleet)], 120
+    )
+    if rc == 0:
+        rate = json.loads(text.strip().splitlines()[-1])["rows_per_second"]
+        c.results.setdefault("reader_rows_per_second", {})[layout] = rate
+    single = ["scaling.launcher=local", "scaling.num_workers=1", "strategy.name=single",
+              f"data.path={fleet}", f"run.epochs={args.epochs}",
+              "checkpoint.every_epochs=null"]  # fmt: skip
+    for batch in map(int, args.batches.split(",")):
+        c.train(f"telematics_{layout}_b{batch}", TELEMATICS,
+                [*single, f"data.batch_size={batch}"], 150, batch)  # fmt: skip
 
 
 def finish(c: Checklist, out: Path, quick: bool) -> int:
@@ -149,8 +161,8 @@ def finish(c: Checklist, out: Path, quick: bool) -> int:
         "first batch | data wait after it | test |"
     )
     table = "\n".join([header, "|---|---|---|---|---|---|---|", *rows])
-    if "reader_rows_per_second" in c.results:
-        table += f"\n\nreader alone: {c.results['reader_rows_per_second']:,.0f} rows/s"
+    for layout, rate in c.results.get("reader_rows_per_second", {}).items():
+        table += f"\n\nreader alone, {layout}: {rate:,.0f} rows/s"
     (out / "table.md").write_text(table + "\n")
     (out / "results.json").write_text(json.dumps(c.results, indent=1, default=str))
     print(table)

@@ -153,6 +153,12 @@ def _add_data_commands(commands: Any) -> None:
     synth.add_argument("--seed", type=int, default=0)
     synth.add_argument("--shard-mb", type=float, default=64.0, help="MiB per shard (64)")
     synth.add_argument("--rows-per-group", type=int, default=512, help="rows per row group (512)")
+    synth.add_argument(
+        "--layout",
+        choices=["lists", "packed"],
+        default="lists",
+        help="channels as list<float32> (default) or packed float32 bytes, read faster",
+    )
     inspect = actions.add_parser(
         "inspect",
         help="counts, class balance, image sizes and unreadable files of a dataset",
@@ -376,6 +382,7 @@ def _synth_telematics(args: argparse.Namespace) -> int:
         args.seed,
         args.shard_mb,
         args.rows_per_group,
+        args.layout,
     )
     summary = write_fleet(spec, args.out)
     rows = ", ".join(f"{split} {count:,}" for split, count in summary["rows"].items())

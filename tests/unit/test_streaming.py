@@ -179,6 +179,39 @@ def test_a_split_reads_the_same_after_pickling_and_from_another_thread(tmp_path:
     assert [i for group in first for i in group] == list(range(49))
 
 
+def test_packed_series_read_as_the_same_numbers_as_lists(tmp_path: Path) -> None:
+    """``--layout packed`` (fixed_size_binary float32) streams the same tensors as lists; a
+    packed column of another length is padded by data.series_len or refused in one line."""
+    lists = load_splits(DataConfig(name="series", path=str(fleet(tmp_path / "l"))))
+    path = fleet(tmp_path / "p", layout="packed")
+    assert pa.types.is_fixed_size_binary(
+        pq.read_schema(path / "train" / "part-00000.parquet").field("accel_x").type
+    )
+    packed = load_splits(DataConfig(name="series", path=str(path)))
+    assert packed.shape == lists.shape
+    for split in ("train", "val", "test"):
+        a, b = getattr(lists, split), getattr(packed, split)
+        for position in range(len(a.groups)):
+            (xa, ya), (xb, yb) = a.read(position), b.read(position)
+            assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    for length in (60, 40):  # padded, cut
+        cfg = DataConfig(name="series", path=str(path), series_len=length)
+        fitted = load_splits(cfg).train[7][0]
+        assert fitted.shape == (6, length)
+        assert torch.equal(
+            fitted,
+            load_splits(cfg.model_copy(update={"path": str(tmp_path / "l/fleet")})).train[7][0],
+        )
+    for shard in path.glob("*/*.parquet"):
+        rows = pq.read_metadata(shard).num_rows
+        odd = pa.array([b"\0" * 6] * rows, pa.binary(6))
+        rewrite(shard, lambda t: t.set_column(t.column_names.index("gyro_x"), "gyro_x", odd))  # noqa: B023
+    with pytest.raises(
+        ConfigError, match=r"data.series_columns: got 'gyro_x'.*multiple of 4 bytes"
+    ):
+        load_splits(DataConfig(name="series", path=str(path)))
+
+
 def rewrite(shard: Path, change: Any) -> None:
     pq.write_table(change(pq.read_table(shard)), shard)
 

@@ -4,9 +4,12 @@ whole (``convoy data synth-telematics`` writes such a dataset; so can any pipeli
     <path>/train/*.parquet   <path>/val/*.parquet   <path>/test/*.parquet (optional: val)
     <path>/series.json       optional: {"channels": [...], "classes": [...]}
 
-``data.path`` is a folder or ``s3://bucket/prefix``. Each row is one sample: one list column
-per channel (``data.series_columns``; default: series.json's channels, else every list
-column in schema order) and an integer label (``data.label_column``). Every series must have
+``data.path`` is a folder or ``s3://bucket/prefix``. Each row is one sample: one column per
+channel (``data.series_columns``; default: series.json's channels, else every list column in
+schema order) and an integer label (``data.label_column``). A channel is a list of numbers,
+or packed: ``fixed_size_binary`` of little-endian float32 values (4 bytes a step), which
+parquet stores without a list's repetition levels and reads several times faster
+(``convoy data synth-telematics --layout packed``; ``benchmarks/stream_gpu.py``). Every series must have
 one length, or ``data.series_len`` is the padding rule: shorter series are padded with zeros
 at the end, longer ones cut. Channels are standardized with the mean and standard deviation
 of the first ``STATS_ROWS`` training rows (a bounded read, the same in every process).
@@ -88,24 +91,48 @@ class SeriesDecoder:
                 f"data.series_columns: shard {shard} row {row} has no {name!r} series (null); "
                 "every row needs every channel"
             )
+        if pa.types.is_fixed_size_binary(column.type):
+            return self._fitted(_packed_values(column), name, shard)
         lengths = pc.list_value_length(column).to_numpy(zero_copy_only=False)
         values = column.flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
         if (lengths == self.length).all():
             return values.reshape(len(lengths), self.length)
         if not self.pad:
             row = int(np.flatnonzero(lengths != self.length)[0])
-            raise DataError(
-                f"data.series_len: series of different lengths and no padding rule: shard "
-                f"{shard} row {row} has {lengths[row]} steps in {name!r}, the first series "
-                f"{self.length}; set data.series_len to pad (zeros at the end) or cut every "
-                "series to one length"
-            )
+            raise self._unequal(shard, row, int(lengths[row]), name)
         out = np.zeros((len(lengths), self.length), dtype=np.float32)
         offsets = column.offsets.to_numpy()
         for row, start in enumerate(offsets[:-1]):
             kept = min(int(lengths[row]), self.length)
             out[row, :kept] = values[start - offsets[0] : start - offsets[0] + kept]
         return out
+
+    def _fitted(self, values: np.ndarray, name: str, shard: str) -> np.ndarray:
+        """Series of one length (packed: the column's) padded or cut to ``length``."""
+        if values.shape[1] == self.length:
+            return values
+        if not self.pad:
+            raise self._unequal(shard, 0, values.shape[1], name)
+        out = np.zeros((len(values), self.length), dtype=np.float32)
+        kept = min(values.shape[1], self.length)
+        out[:, :kept] = values[:, :kept]
+        return out
+
+    def _unequal(self, shard: str, row: int, steps: int, name: str) -> DataError:
+        return DataError(
+            f"data.series_len: series of different lengths and no padding rule: shard "
+            f"{shard} row {row} has {steps} steps in {name!r}, the first series "
+            f"{self.length}; set data.series_len to pad (zeros at the end) or cut every "
+            "series to one length"
+        )
+
+
+def _packed_values(column: Any) -> np.ndarray:
+    """(rows, steps) float32 of a ``fixed_size_binary`` column of little-endian float32
+    steps: a view of its data buffer, no decoding."""
+    steps = column.type.byte_width // 4
+    data = np.frombuffer(column.buffers()[1], dtype="<f4")
+    return data[column.offset * steps : (column.offset + len(column)) * steps].reshape(-1, steps)
 
 
 def check_series_path(path: str | None) -> None:
@@ -146,6 +173,14 @@ def _channels(cfg: DataConfig, schema: Any, meta: dict[str, Any]) -> tuple[str, 
             raise ConfigError(field, name, f"not a column of {cfg.path}; it has {schema.names}")
     for name in names:
         kind = schema.field(name).type
+        if pa.types.is_fixed_size_binary(kind):
+            if kind.byte_width % 4:
+                raise ConfigError(
+                    "data.series_columns",
+                    name,
+                    f"is {kind}: a packed series is float32 steps, a multiple of 4 bytes",
+                )
+            continue
         if not (
             (
                 pa.types.is_list(kind)
@@ -157,7 +192,8 @@ def _channels(cfg: DataConfig, schema: Any, meta: dict[str, Any]) -> tuple[str, 
             raise ConfigError(
                 "data.series_columns",
                 name,
-                f"is {kind}, not a list of numbers (one series per row)",
+                f"is {kind}, not a list of numbers or packed float32 (fixed_size_binary; one "
+                "series per row)",
             )
     if not pa.types.is_integer(schema.field(cfg.label_column).type):
         raise ConfigError(
@@ -169,9 +205,12 @@ def _channels(cfg: DataConfig, schema: Any, meta: dict[str, Any]) -> tuple[str, 
 
 
 def _first_length(split: ShardedSplit, channel: str) -> int:
+    import pyarrow as pa
     import pyarrow.compute as pc
 
     column = split.read_table(0, [channel]).column(channel)
+    if pa.types.is_fixed_size_binary(column.type):
+        return int(column.type.byte_width // 4)
     return int(pc.list_value_length(column)[0].as_py())
 
 
