@@ -125,6 +125,11 @@ class DataConfig(Section):
     """Streamed sources (series, a sharded text corpus), either loader: rows are shuffled
     within windows of this many row groups, which is also what a worker holds in memory at
     once."""
+    stream_readers: Annotated[int, Field(gt=0)] = 2
+    """Streamed sources with the torch loader: threads that read a rank's next windows at
+    once, each a whole window (a rank holds this many windows more in memory). More keep a
+    GPU fed at large batches (one H200, conv1d at batch 1,024: 1 -> 2 readers took the data
+    wait from 13% to 6.5%) and hide object storage's latency."""
     loader: Literal["torch", "ray_data"] = "torch"
     """torch: a DataLoader in every worker; ray_data: a Ray Data pipeline streamed into the
     Ray Train workers (needs scaling.launcher: ray)."""

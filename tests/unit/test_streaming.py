@@ -45,10 +45,12 @@ def id_split(tmp_path: Path, sizes: list[list[int]]) -> ShardedSplit:
 SIZES = [[7, 5, 9], [6], [8, 3, 11]]  # 49 rows in 7 row groups of odd sizes
 
 
-def epoch_rows(split: ShardedSplit, epoch: int, world: int, skip: int = 0) -> list[list[int]]:
+def epoch_rows(
+    split: ShardedSplit, epoch: int, world: int, skip: int = 0, readers: int = 2
+) -> list[list[int]]:
     ranks = []
     for rank in range(world):
-        batches = StreamedTrainBatches(split, 8, 2, world, rank, seed=3, window=2)
+        batches = StreamedTrainBatches(split, 8, 2, world, rank, seed=3, window=2, readers=readers)
         batches.start_epoch(epoch, skip)
         rows = [int(i) for x, _ in batches for i in x]
         assert len(rows) == len(batches) * 2 - skip * (8 // world)
@@ -81,6 +83,8 @@ def test_a_resumed_epoch_continues_with_the_rows_not_yet_trained(tmp_path: Path)
         for skip in (1, 2, 3):
             resumed = epoch_rows(split, epoch=1, world=world, skip=skip)
             assert resumed == [rows[skip * share :] for rows in whole]
+        for readers in (1, 3):  # windows read at once: the same rows in the same order
+            assert epoch_rows(split, epoch=1, world=world, readers=readers) == whole
 
 
 def test_an_epoch_is_read_from_start_epoch_on_with_the_same_rows(tmp_path: Path) -> None:
@@ -97,7 +101,7 @@ def test_an_epoch_is_read_from_start_epoch_on_with_the_same_rows(tmp_path: Path)
         lambda table, shard: reads.append(len(table)) or row_ids(table, shard),
         "id",
     )
-    batches = StreamedTrainBatches(reading, 8, 2, 1, 0, seed=3, window=2)
+    batches = StreamedTrainBatches(reading, 8, 2, 1, 0, seed=3, window=2, readers=1)
     list(batches)  # epoch 0, as the engine trains it
     reads.clear()
     batches.start_epoch(2)

@@ -150,17 +150,26 @@ def torch_worker_data(
     num_workers: int = 0,
     device: torch.device | None = None,
     stream_window: int = 4,
+    stream_readers: int = 2,
 ) -> WorkerData:
     """The ``torch`` loader's data for one rank: DataLoaders over exact samplers, or for a
     streamed source (``ShardedSplit``) its row groups read window by window
-    (``convoy.data.streaming``; ``stream_window`` row groups at a time)."""
+    (``convoy.data.streaming``; ``stream_window`` row groups at a time, ``stream_readers``
+    windows read at once)."""
     from convoy.data.shards import ShardedSplit
     from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
 
     train: TrainBatches
     if isinstance(splits.train, ShardedSplit):
         train = StreamedTrainBatches(
-            splits.train, global_batch, micro_batch, world_size, rank, seed, stream_window
+            splits.train,
+            global_batch,
+            micro_batch,
+            world_size,
+            rank,
+            seed,
+            stream_window,
+            stream_readers,
         )
     else:
         train = train_loader(

@@ -4,9 +4,9 @@ with a bounded window in memory and the exactness rules of the in-memory loader.
 Training. The split's row groups are dealt to the ranks once, in a seeded order, each to the
 rank with the fewest rows so far: every rank reads only its own groups, so the data is read
 once per epoch however many ranks there are. Each epoch a rank permutes its groups (seeded by
-``seed``, epoch and rank), reads them ``window`` groups at a time (the next window in a
-background thread while the current one trains) and permutes the rows inside each window.
-An epoch's first window is read from ``start_epoch`` on, so an engine that starts the next
+``seed``, epoch and rank), reads them ``window`` groups at a time (the next ``readers`` windows in as many background
+threads while the current one trains) and permutes the rows inside each window, in the
+reading thread. An epoch's first window is read from ``start_epoch`` on, so an engine that starts the next
 epoch before evaluating the last finds its first batches ready.
 All ranks train ``floor(min_rank_rows / share)`` steps (``share`` = global batch / ranks), so
 every row is trained at most once per epoch and the few left over at the end of a rank's
@@ -25,6 +25,7 @@ masked batches to the common batch count, so every row is counted exactly once.
 from __future__ import annotations
 
 import itertools
+from collections import deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Generic, TypeVar
@@ -173,8 +174,8 @@ class PlannedTrainBatches:
 
 
 class StreamedTrainBatches(PlannedTrainBatches):
-    """The plan over a ``ShardedSplit``, read in this process: the next window in a
-    background thread while the current one trains."""
+    """The plan over a ``ShardedSplit``, read in this process: the next ``readers`` windows
+    in background threads while the current one trains."""
 
     def __init__(
         self,
@@ -185,8 +186,11 @@ class StreamedTrainBatches(PlannedTrainBatches):
         rank: int,
         seed: int,
         window: int,
+        readers: int = 2,
     ) -> None:
         self.split = split
+        self.readers = readers
+        """Threads that read the next windows at once (each window whole, in order)."""
         # Units are the row groups that hold rows (as Ray Data's), so both deal alike.
         self.positions = [p for p, group in enumerate(split.groups) if group.rows]
         rows = [split.groups[p].rows for p in self.positions]
@@ -195,16 +199,17 @@ class StreamedTrainBatches(PlannedTrainBatches):
     def _read_windows(
         self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
     ) -> Iterator[Rows]:
-        reader = ThreadPoolExecutor(max_workers=1)
-        ahead: Future[Rows] | None = None
+        readers = ThreadPoolExecutor(self.readers, thread_name_prefix="convoy-reader")
+        ahead: deque[Future[Rows]] = deque()
+        following = iter(range(len(windows)))
         try:
-            for number, window in enumerate(windows):
-                parts = ahead.result() if ahead is not None else self._read(window, orders[number])
-                if number + 1 < len(windows):
-                    ahead = reader.submit(self._read, windows[number + 1], orders[number + 1])
-                yield parts
-        finally:  # the epoch may stop early (max_steps): do not wait for a read ahead
-            reader.shutdown(wait=False, cancel_futures=True)
+            for _ in windows:
+                # This window and the next ``readers``: they are read while this one trains.
+                for number in itertools.islice(following, self.readers + 1 - len(ahead)):
+                    ahead.append(readers.submit(self._read, windows[number], orders[number]))
+                yield ahead.popleft().result()
+        finally:  # the epoch may stop early (max_steps): do not wait for the reads ahead
+            readers.shutdown(wait=False, cancel_futures=True)
 
     def _read(self, window: list[int], order: torch.Tensor) -> Rows:
         """A window's rows in training order, decoded and permuted here in the reading

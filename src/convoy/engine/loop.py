@@ -419,6 +419,7 @@ def _worker_data(job: Job, ctx: WorkerContext, share: DataParallelRank) -> Worke
         num_workers=job.data.num_workers,
         device=ctx.device,
         stream_window=job.data.shuffle_row_groups,
+        stream_readers=job.data.stream_readers,
     )
 
 
