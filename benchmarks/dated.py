@@ -11,6 +11,7 @@ def publish(out: Path | None, stem: str, title: str, header: str, table: str) ->
     print(header)
     print(table)
     if out:
+        out.mkdir(parents=True, exist_ok=True)  # a run of minutes must not end in a traceback
         path = out / f"{stem}_cpu_{date.today()}.md"
         path.write_text(f"# {title}\n\n{header}\n\n{table}\n")
         print(f"wrote {path}")
