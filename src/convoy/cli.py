@@ -332,7 +332,7 @@ def _data_wait(summary: dict[str, Any]) -> str:
     first, after = summary.get("first_batch_seconds"), summary.get("data_wait_fraction_after_first")
     if first is None or after is None or summary["data_wait_fraction"] - after < 0.01:
         return whole
-    return f"{whole} ({100 * after:.1f}% after the first batch, which took {first:.1f} s)"
+    return f"{whole} ({100 * after:.1f}% after the first batch, which took {first:.2f} s)"
 
 
 def _throughput_line(summary: dict[str, Any]) -> str:

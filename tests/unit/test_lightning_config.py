@@ -245,7 +245,7 @@ def test_the_summary_shows_the_first_batch_apart_where_it_weighs() -> None:
 
     summary = {"data_wait_fraction": 0.2, "first_batch_seconds": 2.8}
     assert _data_wait({**summary, "data_wait_fraction_after_first": 0.012}) == (
-        "20.0% (1.2% after the first batch, which took 2.8 s)"
+        "20.0% (1.2% after the first batch, which took 2.80 s)"
     )
     assert _data_wait({**summary, "data_wait_fraction_after_first": 0.195}) == "20.0%"
     assert _data_wait({"data_wait_fraction": 0.2}) == "20.0%"  # a summary from before
