@@ -571,7 +571,7 @@ class RayTrainBatches(PlannedTrainBatches):
             yield x, y
 
     def _read_windows(
-        self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
+        self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
     ) -> Iterator[Rows]:
         import ray.data
 

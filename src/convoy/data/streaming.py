@@ -157,7 +157,8 @@ class PlannedTrainBatches:
                 continue
             left.append((number, window, skip))
             skip = 0
-        orders = [self._order(epoch, number, window, skipped) for number, window, skipped in left]
+        # Orders are drawn as windows are read: a long epoch's would not fit in memory.
+        orders = (self._order(epoch, number, window, skipped) for number, window, skipped in left)
         return self._read_windows([window for _, window, _ in left], orders, epoch)
 
     def _order(self, epoch: int, number: int, window: list[int], skipped: int) -> torch.Tensor:
@@ -167,9 +168,10 @@ class PlannedTrainBatches:
         return torch.from_numpy(rng.permutation(sum(self.rows[p] for p in window))[skipped:])
 
     def _read_windows(
-        self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
+        self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
     ) -> Iterator[Rows]:
-        """The rows of each window of ``epoch``, in its order (``_order``)."""
+        """The rows of each window of ``epoch``, in its order (``orders``: one per window, in
+        turn; see ``_order``)."""
         raise NotImplementedError
 
 
@@ -197,16 +199,16 @@ class StreamedTrainBatches(PlannedTrainBatches):
         super().__init__(rows, global_batch, micro_batch, world_size, rank, seed, window)
 
     def _read_windows(
-        self, windows: list[list[int]], orders: list[torch.Tensor], epoch: int
+        self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
     ) -> Iterator[Rows]:
         readers = ThreadPoolExecutor(self.readers, thread_name_prefix="convoy-reader")
         ahead: deque[Future[Rows]] = deque()
-        following = iter(range(len(windows)))
+        following = zip(windows, orders, strict=True)
         try:
             for _ in windows:
                 # This window and the next ``readers``: they are read while this one trains.
-                for number in itertools.islice(following, self.readers + 1 - len(ahead)):
-                    ahead.append(readers.submit(self._read, windows[number], orders[number]))
+                for window, order in itertools.islice(following, self.readers + 1 - len(ahead)):
+                    ahead.append(readers.submit(self._read, window, order))
                 yield ahead.popleft().result()
         finally:  # the epoch may stop early (max_steps): do not wait for the reads ahead
             readers.shutdown(wait=False, cancel_futures=True)
