@@ -146,7 +146,7 @@ def main() -> None:
     parser.add_argument("--workloads", default="telematics", help="telematics,text")
     parser.add_argument("--base-copies", type=int, default=200, help="text 1x: pydoc copies")
     parser.add_argument("--text-steps", type=int, default=40)
-    parser.add_argument("--text-cap-mib", type=int, default=1280, help="the LM worker's cap")
+    parser.add_argument("--text-cap-mib", type=int, default=2048, help="the LM worker's cap")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONPATH": str(REPO / "src")}
