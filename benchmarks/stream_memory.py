@@ -198,7 +198,8 @@ def main() -> None:
                 server.stop()
     header = (
         f"{platform.node()} ({os.cpu_count()} CPUs), {platform.python_version()}; "
-        f"worker memory cap {args.cap_mib} MiB, text {args.text_cap_mib} MiB (cgroup v1 memory.limit_in_bytes); "
+        f"worker memory cap {args.cap_mib} MiB, text {args.text_cap_mib} MiB "
+        "(cgroup v1 memory.limit_in_bytes); "
         f"telematics: one epoch of recipes/telematics_stream.yaml, conv1d hidden 16 depth 2, "
         f"row groups of 512 rows, 4 at a time; text: recipes/lm_tiny.yaml, bytes tokenizer, "
         f"{args.text_steps} steps, row groups of 256 documents; local launcher, strategy single"

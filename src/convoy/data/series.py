@@ -9,9 +9,9 @@ channel (``data.series_columns``; default: series.json's channels, else every li
 schema order) and an integer label (``data.label_column``). A channel is a list of numbers,
 or packed: ``fixed_size_binary`` of little-endian float32 values (4 bytes a step), which
 parquet stores without a list's repetition levels and reads several times faster
-(``convoy data synth-telematics --layout packed``; ``benchmarks/stream_gpu.py``). Every series must have
-one length, or ``data.series_len`` is the padding rule: shorter series are padded with zeros
-at the end, longer ones cut. Channels are standardized with the mean and standard deviation
+(``convoy data synth-telematics --layout packed``; ``benchmarks/stream_gpu.py``). Every
+series must have one length, or ``data.series_len`` is the padding rule: shorter series are
+padded with zeros at the end, longer ones cut. Channels are standardized with the mean and standard deviation
 of the first ``STATS_ROWS`` training rows (a bounded read, the same in every process).
 
 Splits are ``ShardedSplit``s: the torch loader streams them row group by row group

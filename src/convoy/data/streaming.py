@@ -4,10 +4,11 @@ with a bounded window in memory and the exactness rules of the in-memory loader.
 Training. The split's row groups are dealt to the ranks once, in a seeded order, each to the
 rank with the fewest rows so far: every rank reads only its own groups, so the data is read
 once per epoch however many ranks there are. Each epoch a rank permutes its groups (seeded by
-``seed``, epoch and rank), reads them ``window`` groups at a time (the next ``readers`` windows in as many background
-threads while the current one trains) and permutes the rows inside each window, in the
-reading thread. An epoch's first window is read from ``start_epoch`` on, so an engine that starts the next
-epoch before evaluating the last finds its first batches ready.
+``seed``, epoch and rank), reads them ``window`` groups at a time (the next ``readers``
+windows in as many background threads while the current one trains) and permutes the rows
+inside each window, in the reading thread. An epoch's first window is read from
+``start_epoch`` on, so an engine that starts the next epoch before evaluating the last finds
+its first batches ready.
 All ranks train ``floor(min_rank_rows / share)`` steps (``share`` = global batch / ranks), so
 every row is trained at most once per epoch and the few left over at the end of a rank's
 stream are skipped (different ones every epoch). The order depends only on the row counts
