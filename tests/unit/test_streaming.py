@@ -214,6 +214,16 @@ def test_packed_series_read_as_the_same_numbers_as_lists(tmp_path: Path) -> None
         ConfigError, match=r"data.series_columns: got 'gyro_x'.*multiple of 4 bytes"
     ):
         load_splits(DataConfig(name="series", path=str(path)))
+    # A channel packed shorter than the others (40 steps against 50): a padding rule or a refusal.
+    for shard in path.glob("*/*.parquet"):
+        rows = pq.read_metadata(shard).num_rows
+        short = pa.array([b"\0" * 160] * rows, pa.binary(160))
+        rewrite(shard, lambda t: t.set_column(t.column_names.index("gyro_x"), "gyro_x", short))  # noqa: B023
+    with pytest.raises(DataError, match=r"data.series_len: .* has 40 steps in 'gyro_x'"):
+        load_splits(DataConfig(name="series", path=str(path)))
+    assert load_splits(DataConfig(name="series", path=str(path), series_len=50)).train[0][
+        0
+    ].shape == (6, 50)
 
 
 def rewrite(shard: Path, change: Any) -> None:

@@ -11,8 +11,9 @@ or packed: ``fixed_size_binary`` of little-endian float32 values (4 bytes a step
 parquet stores without a list's repetition levels and reads several times faster
 (``convoy data synth-telematics --layout packed``; ``benchmarks/stream_gpu.py``). Every
 series must have one length, or ``data.series_len`` is the padding rule: shorter series are
-padded with zeros at the end, longer ones cut. Channels are standardized with the mean and standard deviation
-of the first ``STATS_ROWS`` training rows (a bounded read, the same in every process).
+padded with zeros at the end, longer ones cut. Channels are standardized with the mean and
+standard deviation of the first ``STATS_ROWS`` training rows (a bounded read, the same in
+every process).
 
 Splits are ``ShardedSplit``s: the torch loader streams them row group by row group
 (``convoy.data.streaming``), Ray Data reads row groups in its tasks (``convoy.data.ray_data``).
