@@ -5,6 +5,11 @@ not averages) is reduced over all ranks when computed, so a metric is the one a 
 process would compute on the whole split. The loss is the task's loss *sum* accumulated in
 float64 with its count (samples or tokens), so the distributed mean matches the
 single-process one to rounding.
+
+A step's bookkeeping must cost microseconds, not the milliseconds a torchmetrics ``update``
+costs per call: the loss sum and the row count are added to their states in place, and the
+task's metrics receive their inputs in batches (``PendingInputs``): one ``update`` over
+several steps' predictions, concatenated, gives the same counts and sums as one update a step.
 """
 
 from __future__ import annotations
@@ -38,6 +43,13 @@ class LossSum(Metric):
     def compute(self) -> dict[str, torch.Tensor]:
         return {"loss": self.total / self.count.clamp_min(1), "count": self.count}
 
+    def add(self, loss_sum: torch.Tensor, count: torch.Tensor) -> None:
+        """``update`` without torchmetrics' per-call wrapper (the same in-place sums)."""
+        self.total += loss_sum.detach().double()
+        self.count += count.detach().long()
+        self._update_count += 1
+        self._computed = None
+
 
 class RowCount(Metric):
     """How many samples were counted over all ranks (proves each was counted once)."""
@@ -56,6 +68,60 @@ class RowCount(Metric):
         return self.count
 
 
+PENDING_BYTES = 16 * 2**20
+"""Metric inputs held back for one batched update at most (a step's larger inputs, such as a
+language model's logits, go to the metrics at once: holding them would cost device memory)."""
+PENDING_STEPS = 64
+
+
+class PendingInputs:
+    """Metric inputs of several steps, handed to a ``MetricCollection`` as one update.
+
+    Tensors are concatenated along the batch dimension; steps whose inputs cannot be (other
+    trailing shapes, non-tensors) are updated one by one, in order."""
+
+    def __init__(self, collection: MetricCollection) -> None:
+        self.collection = collection
+        self.items: list[tuple[Any, ...]] = []
+        self.bytes = 0
+
+    def add(self, inputs: tuple[Any, ...]) -> None:
+        size = sum(t.numel() * t.element_size() for t in inputs if isinstance(t, torch.Tensor))
+        if size >= PENDING_BYTES:
+            self.flush()
+            self.collection.update(*inputs)
+            return
+        self.items.append(inputs)
+        self.bytes += size
+        if self.bytes >= PENDING_BYTES or len(self.items) >= PENDING_STEPS:
+            self.flush()
+
+    def flush(self) -> None:
+        items, self.items, self.bytes = self.items, [], 0
+        if not items:
+            return
+        if len(items) > 1 and _concatenable(items):
+            items = [tuple(torch.cat(column) for column in zip(*items, strict=True))]
+        for inputs in items:
+            self.collection.update(*inputs)
+
+
+def _concatenable(items: list[tuple[Any, ...]]) -> bool:
+    """Every step gives tensors of the same dtype, device and trailing shape per position."""
+    for column in zip(*items, strict=True):
+        first = column[0]
+        if not isinstance(first, torch.Tensor) or first.dim() == 0:
+            return False
+        for t in column[1:]:
+            if not isinstance(t, torch.Tensor) or (t.shape[1:], t.dtype, t.device) != (
+                first.shape[1:],
+                first.dtype,
+                first.device,
+            ):
+                return False
+    return True
+
+
 class SplitMetrics:
     """One split's loss, sample count and task metrics."""
 
@@ -71,16 +137,23 @@ class SplitMetrics:
             task.metrics(shape, meta),  # type: ignore[arg-type]
             compute_groups=False,
         ).to(device)
+        self.pending = PendingInputs(self.collection)
+        self.rows_pending: int | None = None
+        """Rows counted since the last ``compute`` (None: no update yet)."""
 
     def update(
         self, outputs: Any, targets: Any, loss_sum: torch.Tensor, count: torch.Tensor
     ) -> None:
-        self.loss.update(loss_sum, count)
-        self.rows.update(batch_rows(targets))
+        self.loss.add(loss_sum, count)
+        self.rows_pending = (self.rows_pending or 0) + batch_rows(targets)
         if self.collection:
-            self.collection.update(*self.task.metric_inputs(outputs, targets))
+            self.pending.add(tuple(self.task.metric_inputs(outputs, targets)))
 
     def compute(self) -> dict[str, float]:
+        self.pending.flush()
+        if self.rows_pending is not None:
+            self.rows.update(self.rows_pending)
+            self.rows_pending = None
         loss = self.loss.compute()
         values: dict[str, float] = {
             "loss": float(loss["loss"]),

@@ -7,9 +7,24 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from torch.utils.data import Dataset
+from torch.utils.data import Dataset, default_collate
 
 from convoy.errors import ConfigError
+
+
+class Collated(tuple):  # type: ignore[type-arg]
+    """A batch a dataset's ``__getitems__`` built whole: ``collate`` passes it on as it is.
+
+    The DataLoader fetches a batch through ``__getitems__`` where a dataset has one; an
+    in-memory dataset then slices its tensors once per batch instead of building and stacking
+    a sample at a time (the step's host work on a small model)."""
+
+
+def collate(data: Any) -> Any:
+    """``default_collate``, except for a batch already built whole (``Collated``)."""
+    if isinstance(data, Collated):
+        return tuple(data)
+    return default_collate(data)
 
 
 class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -44,6 +59,15 @@ class TensorImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         # Before normalizing, so the padding is black, not the mean.
         image = augment(image, self.crop_padding, self.flip)
         return (image - self.mean) / self.std, self.labels[index]
+
+    def __getitems__(self, indices: list[int]) -> Collated:
+        """The samples at ``indices`` as one batch: the same values as ``__getitem__`` one by
+        one (the same elementwise math, the augmentation's draws in the same order)."""
+        index = torch.as_tensor(indices, dtype=torch.long)
+        images = self.images[index].float() * self.scale
+        if self.crop_padding or self.flip:
+            images = torch.stack([augment(x, self.crop_padding, self.flip) for x in images])
+        return Collated(((images - self.mean) / self.std, self.labels[index]))
 
 
 def augment(

@@ -18,7 +18,7 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader
 
-from convoy.data.base import SizedDataset, Splits
+from convoy.data.base import SizedDataset, Splits, collate
 from convoy.data.samplers import GlobalBatchSampler, ShardedEvalSampler
 
 Batch = tuple[torch.Tensor, torch.Tensor]
@@ -119,6 +119,7 @@ def train_loader(
             pin_memory=device is not None and device.type == "cuda",
             persistent_workers=num_workers > 0,
             generator=own_generator(seed),
+            collate_fn=collate,
         )
     )
 
@@ -135,6 +136,7 @@ def eval_loader(
             sampler=sampler,
             num_workers=num_workers,
             generator=own_generator(0),
+            collate_fn=collate,
         )
     )
 

@@ -38,7 +38,7 @@ import torch
 from torch.utils.data import Dataset
 
 from convoy.config import DataConfig
-from convoy.data.base import Splits
+from convoy.data.base import Collated, Splits
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, ConvoyError, DataError
 from convoy.imports import missing_extra
@@ -338,6 +338,20 @@ class PackedSequences(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         targets = torch.full((self.seq_len,), IGNORE_INDEX, dtype=torch.long)
         inputs[:real], targets[:real] = window[:-1], window[1:]
         return inputs, targets
+
+    def __getitems__(self, indices: list[int]) -> Collated:
+        """The sequences at ``indices`` as one batch, without a per-sample collate."""
+        size = len(self)
+        index = torch.as_tensor(indices, dtype=torch.long)
+        if len(index) and not bool(((index >= -size) & (index < size)).all()):
+            raise IndexError(f"a sequence of {indices} is outside 0..{size - 1}")
+        positions = (index % size)[:, None] * self.seq_len + torch.arange(self.seq_len + 1)
+        windows = self.tokens[positions.clamp_max(len(self.tokens) - 1)].long()
+        # Position j is a real (input, target) pair when its target, token j + 1, exists.
+        real = positions[:, 1:] < len(self.tokens)
+        inputs = torch.where(real, windows[:, :-1], PAD_ID)
+        targets = torch.where(real, windows[:, 1:], IGNORE_INDEX)
+        return Collated((inputs, targets))
 
 
 def gzip_bits_per_byte(data: bytes) -> float:

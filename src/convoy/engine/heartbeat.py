@@ -54,15 +54,47 @@ class HeartbeatBoard:
 
 
 class Heartbeat:
-    """This rank's heartbeat."""
+    """This rank's heartbeat: ``beat`` notes the step in memory (the loop calls it twice a
+    step, so it must cost nothing), and a thread publishes the latest note to the board every
+    ``publish_every_s`` when it changed. A record carries the time of its beat, not of its
+    publication, so the watchdog judges staleness the same; a store round trip per beat
+    (two a step, each waiting for rank 0's store thread on a busy machine) is gone."""
 
-    def __init__(self, board: HeartbeatBoard, rank: int) -> None:
+    def __init__(self, board: HeartbeatBoard, rank: int, publish_every_s: float = 0.5) -> None:
         self.board = board
         self.rank = rank
+        self.publish_every_s = publish_every_s
+        self.latest: tuple[int, int, float] | None = None
+        self._published: tuple[int, int, float] | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def beat(self, started: int, finished: int) -> None:
-        record = {"started": started, "finished": finished, "time": time.time()}
-        self.board.write(self.rank, record)
+        self.latest = (started, finished, time.time())  # one assignment: atomic for the thread
+
+    def publish(self) -> None:
+        """Write the latest beat to the board if it is new."""
+        latest = self.latest
+        if latest is not None and latest is not self._published:
+            started, finished, at = latest
+            self.board.write(self.rank, {"started": started, "finished": finished, "time": at})
+            self._published = latest
+
+    def start(self) -> None:
+        """Publish now, then every ``publish_every_s`` in a daemon thread until ``stop``."""
+        self.publish()
+
+        def run() -> None:
+            while not self._stop.wait(self.publish_every_s):
+                self.publish()
+
+        self._thread = threading.Thread(target=run, name="convoy-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:  # bounded: a store whose host is gone may not answer
+            self._thread.join(timeout=5.0)
 
 
 def diagnose(beats: dict[int, dict[str, float]], timeout_s: float, now: float) -> str | None:
@@ -99,8 +131,10 @@ def hang_watch(
         yield None
         return
     board = HeartbeatBoard()
-    heartbeat = Heartbeat(board, rank)
+    # Published well within the timeout, so a record is never stale for its publication lag.
+    heartbeat = Heartbeat(board, rank, publish_every_s=min(0.5, timeout_s / 8))
     heartbeat.beat(step, step)
+    heartbeat.start()
     barrier()  # every rank's first beat is recorded before anyone judges staleness
     stop = start_watchdog(board, world_size, timeout_s) if rank == 0 else None
     try:
@@ -108,6 +142,7 @@ def hang_watch(
     finally:
         if stop is not None:
             stop.set()
+        heartbeat.stop()
 
 
 def start_watchdog(board: HeartbeatBoard, world_size: int, timeout_s: float) -> threading.Event:

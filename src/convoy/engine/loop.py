@@ -71,7 +71,7 @@ from convoy.engine.flops import (
     peak_flops,
 )
 from convoy.engine.heartbeat import Heartbeat, hang_watch
-from convoy.engine.monitor import ForwardTimer, StragglerWatch, gather_rank_stats
+from convoy.engine.monitor import ForwardTimer, StepClock, StragglerWatch, gather_rank_stats
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.sinks import build_sinks
 from convoy.engine.step import StepHooks, StepParts, train_step
@@ -108,6 +108,8 @@ def seed_everything(seed: int) -> None:
 class Timers:
     """Wall-clock bookkeeping for the summary."""
 
+    clock: StepClock = field(default_factory=lambda: StepClock(torch.device("cpu")))
+    """Each step's duration, read at logged steps (on CUDA without a wait inside a step)."""
     start: float = field(default_factory=time.time)
     first_step_end: float | None = None
     step_seconds: list[float] = field(default_factory=list)
@@ -121,12 +123,20 @@ class Timers:
     """What the task counts (samples, real tokens) over all ranks, kept on the device."""
     interval: list[float] = field(default_factory=lambda: [0.0] * 4)
     """Since the last logged step: steps, step seconds, data-wait seconds, global samples."""
-    local_seconds: list[float] = field(default_factory=list)
-    """Since the last logged step: each step's local work (data wait + forward)."""
+    local_work: list[tuple[float, ForwardTimer]] = field(default_factory=list)
+    """Since the last logged step: each step's local work (data wait, forward's timer)."""
     compiled_before: float = field(default_factory=compile_seconds)
     """``torch.compile``'s seconds in this process before the run: the summary reports the
     run's own (``run.compile``), and the step times and throughput leave them out (paid
     once per shape and mode, not per step)."""
+
+    def resolve(self) -> None:
+        """Take in the durations of the steps ended since the last call (on CUDA, this waits
+        for the last one: call it where the loop waits for the device anyway)."""
+        durations = self.clock.resolve()
+        self.step_seconds.extend(durations)
+        self.train_seconds += sum(durations)
+        self.interval[1] += sum(durations)
 
 
 @dataclass
@@ -238,6 +248,7 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     if job.run.max_steps is not None:
         total_steps = min(total_steps, job.run.max_steps)
     state = _build_state(job, ctx, data, strategy, total_steps, share)
+    timers.clock = StepClock(ctx.device)
     state.timers = timers
     name = device_name(ctx.device)
     state.throughput = Throughput(name, peak_flops(name, job.precision))
@@ -466,28 +477,25 @@ def _train_epoch(
             return
         if state.heartbeat:
             state.heartbeat.beat(state.step + 1, state.step)
+        state.timers.clock.start()
         step_start = time.perf_counter()
         micro_batches = [next(batches) for _ in range(accum)]
         data_ready = time.perf_counter()
         if not state.throughput.counted:
             _count_flops(job, state, micro_batches[0])
-            step_start += time.perf_counter() - data_ready  # counting is not the step's time
+            state.timers.clock.start()  # counting is not the step's time
+            step_start += time.perf_counter() - data_ready
             data_ready = time.perf_counter()
         compiled = compile_seconds() if job.run.compile else 0.0
-        loss_sum, global_count, forward_seconds = _optimizer_step(job, state, micro_batches)
+        loss_sum, global_count, forward = _optimizer_step(job, state, micro_batches)
         step_end = time.perf_counter()
-        if job.run.compile:
-            compiling = compile_seconds() - compiled
-            # The step's time without its compilation (its data wait unchanged).
-            step_start += compiling
-            data_ready += compiling
-            forward_seconds = max(0.0, forward_seconds - compiling)
+        # The step's time without its compilation (paid once per shape, not per step).
+        forward.discount = compile_seconds() - compiled if job.run.compile else 0.0
         state.step += 1
         state.steps_into_epoch += 1
         if state.heartbeat:
             state.heartbeat.beat(state.step, state.step)
-        _record_step(state.timers, step_start, data_ready, step_end, job.data.batch_size)
-        state.timers.local_seconds.append(data_ready - step_start + forward_seconds)
+        _record_step(state.timers, (step_start, data_ready, step_end), forward, job.data.batch_size)
         state.timers.units += global_count
         if state.step % job.run.log_every_steps == 0 or state.step == total_steps:
             _log_step(job, state, epoch, loss_sum, global_count)
@@ -599,18 +607,19 @@ def _seconds(value: float) -> str:
 
 def _optimizer_step(
     job: Job, state: TrainState, micro_batches: list[tuple[Any, Any]]
-) -> tuple[torch.Tensor, torch.Tensor, float]:
+) -> tuple[torch.Tensor, torch.Tensor, ForwardTimer]:
     """Move the micro-batches to the device and run the one train step on them
     (``convoy.engine.step``), updating the train metrics and timing forward.
 
-    Returns this rank's loss sum, the global count and the seconds spent in forward (work
-    that waits on no other rank under single and ddp: what straggler detection compares).
+    Returns this rank's loss sum, the global count and the timer of forward (work that waits
+    on no other rank under single and ddp: what straggler detection compares; read at the
+    next logged step).
     """
     device = state.strategy.device
     micro_batches = [(move_to(x, device), move_to(y, device)) for x, y in micro_batches]
     hooks = _LoopHooks(job, state)
     result = train_step(state, micro_batches, state.share, job.optim.grad_clip_norm, hooks)
-    return result.loss_sum, result.global_count, hooks.timer.seconds()
+    return result.loss_sum, result.global_count, hooks.timer
 
 
 class _LoopHooks(StepHooks):
@@ -651,15 +660,21 @@ def _count_flops(job: Job, state: TrainState, batch: tuple[Any, Any]) -> None:
         )
 
 
-def _record_step(timers: Timers, start: float, data_ready: float, end: float, batch: int) -> None:
+def _record_step(
+    timers: Timers, times: tuple[float, float, float], forward: ForwardTimer, batch: int
+) -> None:
+    """Book a step that ran from ``start`` over ``data_ready`` to ``end`` (wall clock); its
+    duration is the clock's (``Timers.resolve``), less ``forward.discount`` (compilation)."""
+    start, data_ready, end = times
+    wait = data_ready - start
     if timers.first_step_end is None:
         timers.first_step_end = time.time()
-        timers.first_batch = (data_ready - start, end - start)
-    timers.step_seconds.append(end - start)
-    timers.data_wait_seconds += data_ready - start
-    timers.train_seconds += end - start
+        timers.first_batch = (wait, end - start - forward.discount)
+    timers.clock.end(end - start, forward.discount)
+    timers.local_work.append((wait, forward))
+    timers.data_wait_seconds += wait
     timers.samples += batch
-    for i, value in enumerate((1, end - start, data_ready - start, batch)):
+    for i, value in ((0, 1), (2, wait), (3, batch)):
         timers.interval[i] += value
 
 
@@ -669,6 +684,7 @@ def _log_step(
     """Emit the step's exact mean loss over the whole global batch (all ranks), every rank's
     figures since the last logged step, and any straggler among the ranks."""
     mean_loss = float(all_reduce_sum(loss_sum.double()) / global_count)
+    state.timers.resolve()  # after the loss: the device has finished the step
     lr = float(state.scheduler.get_last_lr()[0])
     ranks, rate = _rank_interval(state)
     tflops, utilization = (
@@ -699,8 +715,9 @@ def _rank_interval(state: TrainState) -> tuple[RankStats, float]:
     the last logged step (one small all-gather), and the global samples/s over it."""
     steps, step_seconds, wait_seconds, samples = state.timers.interval
     # The median step's local work: one hiccup (a page fault, a busy core) is not a straggler.
-    local = statistics.median(state.timers.local_seconds or [0.0])
-    state.timers.interval, state.timers.local_seconds = [0.0] * 4, []
+    work = [wait + forward.seconds() for wait, forward in state.timers.local_work]
+    local = statistics.median(work or [0.0])
+    state.timers.interval, state.timers.local_work = [0.0] * 4, []
     per = max(1.0, steps)
     stats, _ = gather_rank_stats(
         step_seconds / per, wait_seconds / per, local, state.strategy.device
@@ -729,6 +746,7 @@ def _summary(
     job: Job, ctx: WorkerContext, state: TrainState, final: dict[str, float], total_steps: int
 ) -> dict[str, Any]:
     timers = state.timers
+    timers.resolve()
     steady = timers.step_seconds[WARMUP_STEPS_EXCLUDED:] or timers.step_seconds
     samples_per_second = timers.samples / max(timers.train_seconds, 1e-9)
     throughput = state.throughput

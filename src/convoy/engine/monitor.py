@@ -26,11 +26,14 @@ from convoy.engine.events import RankStats, StragglerEvent
 
 class ForwardTimer:
     """Adds up the seconds spent inside ``with timer:`` blocks (device time on CUDA, whose
-    kernels run asynchronously; read with ``seconds()`` once, after the blocks)."""
+    kernels run asynchronously; read with ``seconds()`` once, after the blocks: on CUDA it
+    waits for them, so the loop reads it at a logged step, never in the step itself).
+    ``discount`` seconds (compilation inside a block) are left out."""
 
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self.total = 0.0
+        self.discount = 0.0
         self._events: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
         self._start = 0.0
 
@@ -60,7 +63,50 @@ class ForwardTimer:
                 end.synchronize()
                 self.total += start.elapsed_time(end) / 1e3
             self._events = []
-        return self.total
+        return max(0.0, self.total - self.discount)
+
+
+class StepClock:
+    """Each step's duration, without waiting for the device inside a step.
+
+    On CPU a step's duration is its wall time. On CUDA the host runs ahead of the kernels it
+    queues, so its wall time says little; an event is recorded where the step starts and
+    where it ends, and their distance on the device's timeline is the step's duration (the
+    device's idle time inside the step included: waiting for the host, for data). ``resolve``
+    reads the steps finished so far, waiting for the last one's end event: the loop calls it
+    at logged steps, which wait for the device anyway. Time between steps (evaluation,
+    checkpoints) is in no step.
+    """
+
+    def __init__(self, device: torch.device) -> None:
+        self.cuda = device.type == "cuda"
+        self._start: torch.cuda.Event | None = None
+        self._pending: list[tuple[float, float, torch.cuda.Event | None, torch.cuda.Event | None]] = []
+
+    def start(self) -> None:
+        if self.cuda:
+            self._start = torch.cuda.Event(enable_timing=True)
+            self._start.record()
+
+    def end(self, wall_seconds: float, discount: float = 0.0) -> None:
+        """The step that ``start`` began ended; ``discount`` seconds of it (compilation)
+        are not the step's."""
+        end = None
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record()
+        self._pending.append((wall_seconds, discount, self._start, end))
+
+    def resolve(self) -> list[float]:
+        """The durations of the steps ended since the last call, in order."""
+        pending, self._pending = self._pending, []
+        if pending and pending[-1][3] is not None:
+            pending[-1][3].synchronize()
+        durations = []
+        for wall, discount, start, end in pending:
+            seconds = wall if start is None or end is None else start.elapsed_time(end) / 1e3
+            durations.append(max(0.0, seconds - discount))
+        return durations
 
 
 def gather_rank_stats(

@@ -58,7 +58,9 @@ class Task(ABC):
 
     @abstractmethod
     def count(self, targets: Any) -> torch.Tensor:
-        """How many units ``loss_sum`` sums over (a 0-d integer tensor)."""
+        """How many units ``loss_sum`` sums over (a 0-d integer tensor). Where the batch's
+        shape alone says (``fixed_count``), make it on the host: a device tensor made from a
+        Python number is a copy the host waits for, every micro-step."""
 
     def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
         """torchmetrics updated with ``metric_inputs(outputs, targets)`` (loss is built in)."""

@@ -33,7 +33,7 @@ class Classification(Task):
         return F.cross_entropy(outputs.float(), targets.long(), reduction="sum")
 
     def count(self, targets: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(len(targets), device=targets.device)
+        return torch.tensor(len(targets))  # on the host: see ``Task.count``
 
     def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
         num_classes = shape["num_classes"]

@@ -41,8 +41,9 @@ class TargetBytes(Metric):
         self.add_state("total", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
     def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
-        real = targets[targets != self.ignore_index]
-        self.total += self.token_bytes[real].sum()
+        # A mask, not ``targets[mask]``: boolean indexing waits for the device (its size).
+        real = targets != self.ignore_index
+        self.total += (self.token_bytes[torch.where(real, targets, 0)] * real).sum()
 
     def compute(self) -> torch.Tensor:
         return self.total

@@ -34,7 +34,7 @@ class Regression(Task):
         return (predictions - targets.float()).pow(2).sum()
 
     def count(self, targets: torch.Tensor) -> torch.Tensor:
-        return torch.tensor(targets.numel(), device=targets.device)
+        return torch.tensor(targets.numel())  # on the host: see ``Task.count``
 
     def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
         # R2Score averages over outputs (uniform_average) when targets have several columns.
