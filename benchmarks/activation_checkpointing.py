@@ -74,7 +74,7 @@ def step_seconds(job: Job, steps: int) -> list[float]:
     model = build_model(job.model.name, {**job.model.kwargs}, shape)
     no_decay = no_decay_names(model)
     strategy = build_strategy(job.strategy, torch.device("cpu"), torch.float32)
-    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_blocks=False))
+    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_mode=False))
     optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
     parts = StepParts(
         model=model,

@@ -198,6 +198,10 @@ class OptimConfig(Section):
     grad_clip_norm: Annotated[float, Field(gt=0)] | None = None
     """Clip the global gradient norm (over every shard) to this value."""
     grad_accum_steps: Annotated[int, Field(gt=0)] = 1
+    fused: bool | None = None
+    """torch's fused optimizer kernel (one launch for every parameter, not one per tensor);
+    default: on for CUDA, off elsewhere (on the CPU the per-tensor loop is torch's default,
+    and the fused kernel rounds differently)."""
 
     @field_validator("betas")
     @classmethod
@@ -577,9 +581,12 @@ class RunConfig(Section):
     shared_storage: bool = False
     """Say that a local ``storage_dir`` is a filesystem every node mounts at the same path
     (NFS, EFS, a PVC); without it, runs whose workers span several nodes refuse local paths."""
-    compile: bool = False
-    """``torch.compile`` each of the model's ``blocks`` (each block's forward, whole graph),
-    before sharding; the time spent compiling is reported apart from the step time."""
+    compile: bool | Literal["blocks", "model"] = False
+    """``torch.compile``: ``blocks`` (or ``true``) compiles each of the model's ``blocks``
+    (each block's forward, one graph), before sharding; ``model`` compiles the whole model's
+    forward, the loss of a model that computes it (``gpt``) included, where the strategy
+    keeps the model whole (``single``, ``ddp``; a sharded strategy compiles per block). The
+    time spent compiling is reported apart from the step time."""
     stop_on_signal: bool = True
     """SIGTERM, SIGUSR1 or Ctrl-C (a spot notice, a scheduler, a user), and under Ray a
     preemption notice for a node of the run, save the step just finished and stop the run,

@@ -101,15 +101,22 @@ class PendingInputs:
         if not items:
             return
         if len(items) > 1 and _concatenable(items):
-            items = [tuple(torch.cat(column) for column in zip(*items, strict=True))]
+            items = [tuple(_cat(column) for column in zip(*items, strict=True))]
         for inputs in items:
             self.collection.update(*inputs)
 
 
+def _cat(column: tuple[Any, ...]) -> Any:
+    return None if column[0] is None else torch.cat(column)
+
+
 def _concatenable(items: list[tuple[Any, ...]]) -> bool:
-    """Every step gives tensors of the same dtype, device and trailing shape per position."""
+    """Every step gives tensors of the same dtype, device and trailing shape per position
+    (or None at a position, in every step)."""
     for column in zip(*items, strict=True):
         first = column[0]
+        if all(value is None for value in column):
+            continue
         if not isinstance(first, torch.Tensor) or first.dim() == 0:
             return False
         for t in column[1:]:

@@ -21,7 +21,7 @@ import torch
 from torch.utils.data import default_collate
 
 from convoy.batches import move_to
-from convoy.config import Job, tp_size_of
+from convoy.config import Job, layout_name, tp_size_of
 from convoy.data.base import Splits
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
@@ -59,6 +59,7 @@ def preflight(job: Job) -> Job:
     if tp_size_of(job.strategy) > 1:
         check_sequence_split(job, _build(job, splits.shape), sample[0])
     if job.run.compile:
+        check_compile_mode(job)
         check_compiles(job, task, splits.shape, sample[0])
     return job
 
@@ -241,6 +242,23 @@ def check_context(job: Job, model: torch.nn.Module, shape: dict[str, int]) -> No
         )
 
 
+def check_compile_mode(job: Job) -> None:
+    """``run.compile: model`` needs a strategy that keeps the model whole, without tensor
+    parallelism (whose plan hooks each block's layers)."""
+    from convoy.strategies import strategy_class
+
+    if job.run.compile != "model":
+        return
+    if not strategy_class(job.strategy.name).compiles_whole_model or tp_size_of(job.strategy) > 1:
+        layout = layout_name(job.strategy.name, tp_size_of(job.strategy))
+        raise ConfigError(
+            "run.compile",
+            "model",
+            f"{layout} hooks each block, so it compiles per block: use run.compile: blocks, "
+            "or strategy.name single or ddp (without tp_size) for the whole model",
+        )
+
+
 def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> None:
     """``run.compile``: each block's forward must trace as one graph, as the workers compile
     it (``convoy.strategies.blocks``). Traced here with Dynamo's ``eager`` backend (no code
@@ -251,17 +269,19 @@ def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> 
     for device in ("meta", "cpu"):
         with torch.device(device):
             model = _build(job, shape)
-        for target in compiled_targets(model):
-            target.forward = torch.compile(target.forward, backend="eager", fullgraph=True)
+        whole = job.run.compile != "model"  # a whole model may break its graph; a block not
+        for target in compiled_targets(model, job.run.compile):
+            target.forward = torch.compile(target.forward, backend="eager", fullgraph=whole)
         try:
             task.forward(model, move_to(inputs, torch.device(device)))
             return
         except torch._dynamo.exc.TorchDynamoException as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            what = "forward does" if job.run.compile == "model" else "blocks do"
             raise ConfigError(
                 "run.compile",
-                True,
-                f"{type(model).__name__}'s blocks do not compile as one graph each: {first}; "
+                job.run.compile,
+                f"{type(model).__name__}'s {what} not compile as one graph: {first}; "
                 "set run.compile: false, or change what the compiler names",
             ) from None
         except Exception:

@@ -28,7 +28,7 @@ def gradients_and_saved_bytes(mode: str) -> tuple[dict[str, torch.Tensor], int, 
     """One forward/backward of a seeded GPT with dropout (checkpointing must replay its
     random masks): every gradient, the bytes autograd kept for backward, the state keys."""
     torch.manual_seed(0)
-    model = prepare_blocks(GPT(**GPT_KWARGS, dropout=0.2), ac(mode), compile_blocks=False)
+    model = prepare_blocks(GPT(**GPT_KWARGS, dropout=0.2), ac(mode), compile_mode=False)
     tokens = torch.randint(0, 50, (4, 32))
     saved = [0]
 
@@ -59,18 +59,18 @@ def test_checkpointing_keeps_less_for_backward_and_gives_the_same_gradients() ->
 
 
 def test_every_n_checkpoints_blocks_0_n_2n() -> None:
-    model = prepare_blocks(GPT(**GPT_KWARGS), ac("every_n", every=3), compile_blocks=False)
+    model = prepare_blocks(GPT(**GPT_KWARGS), ac("every_n", every=3), compile_mode=False)
     replaced = [index for index, block in enumerate(model.blocks) if "forward" in vars(block)]
     assert replaced == [0, 3]
 
 
 def test_blockless_models_compile_whole() -> None:
     model = nn.Sequential(nn.Linear(4, 4))
-    prepare_blocks(model, ac("none"), compile_blocks=True)
+    prepare_blocks(model, ac("none"), compile_mode=True)
     assert "forward" in vars(model)
 
 
-def compiled_job(tmp_path: Path, compile_blocks: bool) -> object:
+def compiled_job(tmp_path: Path, compile_blocks: bool | str) -> object:
     return load_job(
         None,
         [
@@ -95,12 +95,14 @@ def test_compiled_blocks_train_as_eager_ones_and_report_the_compile_time(tmp_pat
     """Inductor's code for each block (forward and backward) gives eager's losses, and the
     run reports the time spent compiling apart from its steps."""
     losses, summaries = {}, {}
-    for compile_blocks in (False, True):
+    for compile_blocks in (False, True, "model"):
         job = compiled_job(tmp_path, compile_blocks)
         summaries[compile_blocks] = train(job, WorkerContext())  # type: ignore[arg-type]
         records = read_metrics(job.run_dir)  # type: ignore[attr-defined]
         losses[compile_blocks] = [r["train/loss"] for r in records if r["kind"] == "step"]
     assert len(losses[True]) == 4
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
+    # The whole model, its fused-or-not loss included, in one graph: the same losses.
+    assert losses["model"] == pytest.approx(losses[False], rel=1e-5)
     assert summaries[False]["compile_seconds"] is None
-    assert summaries[True]["compile_seconds"] > 0
+    assert summaries[True]["compile_seconds"] > 0 and summaries["model"]["compile_seconds"] > 0

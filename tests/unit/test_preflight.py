@@ -140,6 +140,11 @@ def test_block_options_are_refused_before_any_worker(user_module: str) -> None:
     assert "Sequential has no `blocks`" in no_blocks
     breaks = check([data, f"model.name={user_module}:BreaksItsGraph", "run.compile=true"])
     assert breaks.startswith("run.compile: got True; BreaksItsGraph's blocks do not compile")
+    whole = [data, f"model.name={user_module}:BreaksItsGraph", "run.compile=model"]
+    preflight(load_job(None, [*BASE, *whole]))  # a whole model may break its graph
+    sharded = ["scaling.launcher=torchrun", "scaling.num_workers=2", "strategy.name=fsdp2"]
+    refused = check([*whole, *sharded])
+    assert refused.startswith("run.compile: got 'model'; fsdp2 hooks each block")
     assert "data-dependent" in breaks  # the compiler's own first line
     # The same model trains eagerly, and checkpoints its blocks.
     preflight(load_job(None, [*BASE, data, f"model.name={user_module}:BreaksItsGraph"]))

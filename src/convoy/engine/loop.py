@@ -749,6 +749,7 @@ def _summary(
     timers.resolve()
     steady = timers.step_seconds[WARMUP_STEPS_EXCLUDED:] or timers.step_seconds
     samples_per_second = timers.samples / max(timers.train_seconds, 1e-9)
+    median_step = statistics.median(steady) if steady else None
     throughput = state.throughput
     peak_memory = all_gather_objects(peak_memory_bytes(ctx.device))
     peak_reserved = all_gather_objects(peak_reserved_bytes(ctx.device))
@@ -773,7 +774,8 @@ def _summary(
         "task": job.task.name,
         "samples_per_second": samples_per_second,
         f"{state.task.count_name}_per_second": _rate(state)[0],
-        "step_seconds_median": statistics.median(steady) if steady else None,
+        **_steady_rates(state, job.data.batch_size, median_step),
+        "step_seconds_median": median_step,
         "step_seconds_p10": _quantile(steady, 0.1),
         "step_seconds_p90": _quantile(steady, 0.9),
         "device_name": throughput.device_name,
@@ -786,6 +788,23 @@ def _summary(
         "peak_memory_bytes_per_rank": peak_memory,
         "peak_memory_reserved_bytes_per_rank": None if None in peak_reserved else peak_reserved,
     }
+
+
+def _steady_rates(state: TrainState, batch: int, median_step: float | None) -> dict[str, Any]:
+    """Throughput at the median step after the warm-up (``steady_*``), beside the whole run's
+    (every step, the first ones and each epoch's start included): the figure to compare with
+    other trainers' step time, which a short run's whole-run rate understates."""
+    if not median_step:
+        return {"steady_samples_per_second": None, "steady_mfu": None}
+    rate = batch / median_step
+    figures: dict[str, Any] = {"steady_samples_per_second": rate}
+    name = state.task.count_name
+    if name != "samples" and state.timers.samples:
+        units_per_sample = float(state.timers.units) / state.timers.samples
+        figures[f"steady_{name}_per_second"] = rate * units_per_sample
+    figures["steady_tflops_per_second"] = state.throughput.tflops(rate)
+    figures["steady_mfu"] = state.throughput.mfu(rate, state.world_size)
+    return figures
 
 
 def _first_batch_apart(timers: Timers) -> dict[str, float | None]:

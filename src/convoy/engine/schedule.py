@@ -55,15 +55,23 @@ def build_optimizer(
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": plain, "weight_decay": 0.0},
     ]
-    return make_optimizer(cfg, groups, lr)
+    device = next((p.device for p in decay + plain), torch.device("cpu"))
+    return make_optimizer(cfg, groups, lr, device)
 
 
 def make_optimizer(
-    cfg: OptimConfig, groups: list[dict[str, Any]], lr: float
+    cfg: OptimConfig,
+    groups: list[dict[str, Any]],
+    lr: float,
+    device: torch.device | None = None,
 ) -> torch.optim.Optimizer:
     """torch's optimizer named by ``cfg.name`` over param ``groups`` (each with its own
-    ``weight_decay``), with the config's other fields (``momentum`` or ``betas``)."""
+    ``weight_decay``), with the config's other fields (``momentum`` or ``betas``), fused
+    where ``cfg.fused`` says (by default on CUDA)."""
     shared = {k: v for k, v in cfg.hyperparameters.items() if k != "weight_decay"}
+    fused = cfg.fused if cfg.fused is not None else device is not None and device.type == "cuda"
+    if fused:
+        shared["fused"] = True
     return OPTIMIZERS[cfg.name](groups, lr=lr, **shared)
 
 

@@ -90,8 +90,7 @@ def train_step(
         last = i == len(micro_batches) - 1
         with contextlib.nullcontext() if last else parts.strategy.no_sync(model):
             with precision.autocast(), hooks.forward(i):
-                outputs = task.forward(model, inputs)
-                loss_sum = task.loss_sum(outputs, targets)
+                outputs, loss_sum = task.forward_loss(model, inputs, targets)
             precision.scaler.scale(loss_sum * scale).backward()
         hooks.micro_step_done(outputs, targets, loss_sum.detach(), counts[i])
         total += loss_sum.detach()

@@ -8,6 +8,10 @@ exists. ``blocks`` is an ``nn.ModuleList`` of ``GPTBlock``: the FSDP strategies 
 
 The context length is a property of the model (the size of its position table), not of the
 data: a dataset's ``seq_len`` is not accepted, and a longer input is an error.
+
+Given ``targets``, ``forward`` returns the training loss sum instead of the logits, by the
+path ``head_loss`` names (``convoy.models.head_loss``): with ``auto``, the full logits for a
+small batch and the head fused with the cross-entropy for a large one.
 """
 
 from __future__ import annotations
@@ -17,9 +21,11 @@ import math
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from convoy.models.attention import SelfAttention
+from convoy.models.head_loss import HEAD_LOSSES, head_loss_sum, resolve_head_loss
 from convoy.models.tensor_parallel import sequence_parallel_block_plan
 
 INIT_STD = 0.02
@@ -65,8 +71,12 @@ class GPT(nn.Module):
         hidden: int = 128,
         mlp_ratio: float = 4.0,
         dropout: float = 0.0,
+        head_loss: str = "auto",
     ) -> None:
         super().__init__()
+        if head_loss not in HEAD_LOSSES:
+            raise ValueError(f"head_loss: got {head_loss!r}; allowed: {', '.join(HEAD_LOSSES)}")
+        self.head_loss = head_loss
         self.context_length = context_length
         self.token_embed = nn.Embedding(vocab_size, hidden)
         self.pos_embed = nn.Embedding(context_length, hidden)
@@ -97,7 +107,30 @@ class GPT(nn.Module):
             for linear in block.residual_projections():
                 nn.init.normal_(linear.weight, std=residual_std)
 
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+    computes_loss = True
+    """``forward(input_ids, targets=...)`` returns the loss sum (the language-modeling task
+    asks for it in training)."""
+
+    def forward(
+        self, input_ids: torch.Tensor, targets: torch.Tensor | None = None, ignore_index: int = -100
+    ) -> torch.Tensor:
+        """Next-token logits ``(B, T, vocab)``; with ``targets``, the cross-entropy *sum* over
+        the targets that are not ``ignore_index`` (the head and the loss as one step where
+        that pays, see ``head_loss``)."""
+        hidden = self.norm(self.hidden_states(input_ids))
+        if targets is None:
+            return self.head(hidden)
+        rows, vocab = targets.numel(), self.head.weight.shape[0]
+        path = resolve_head_loss(self.head_loss, rows, vocab, hidden.device, self.head.weight)
+        if path == "logits":  # through the module: a tensor-parallel plan hooks its call
+            logits = self.head(hidden).float().flatten(0, -2)
+            return F.cross_entropy(
+                logits, targets.flatten(), ignore_index=ignore_index, reduction="sum"
+            )
+        return head_loss_sum(hidden, self.head.weight, targets, ignore_index, path)
+
+    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """The last block's output, before the final norm and the head."""
         tokens = input_ids.shape[1]
         if tokens > self.context_length:
             raise ValueError(
@@ -108,7 +141,7 @@ class GPT(nn.Module):
         x = self.drop(self.token_embed(input_ids) + self.pos_embed(positions))
         for block in self.blocks:
             x = block(x)
-        return self.head(self.norm(x))
+        return x
 
     def tensor_parallel_plan(self, tp_size: int) -> dict[str, Any]:
         """Megatron's split of each block over ``tp_size`` ranks, with sequence-parallel

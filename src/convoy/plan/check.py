@@ -193,7 +193,7 @@ def _wrapped(job: Job, model: nn.Module) -> tuple[Strategy, nn.Module]:
     strategy = build_strategy(job.strategy, torch.device("cpu"), compute_dtype(job))
     # Activation checkpointing as the loop applies it (compiling is left out: the trackers
     # follow eager tensors, and a compiled block keeps what its eager one keeps).
-    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_blocks=False))
+    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_mode=False))
     # The fake group's all-reduce gives DDP's buckets no result: without a compression hook
     # of the job's own, one that returns the bucket as it is (an in-place all-reduce's memory).
     own_hook = getattr(job.strategy, "comm_hook", "none") != "none"

@@ -130,7 +130,7 @@ def measure_activations(
         saved: dict[StorageWeakRef, int] = {}
         # A checkpointed block keeps only its input (its activations are recomputed in
         # backward, where the tracker below sees them come and go).
-        prepare_blocks(model, job.strategy, compile_blocks=False)
+        prepare_blocks(model, job.strategy, compile_mode=False)
         for block in checkpointed_blocks(model):
             block.register_forward_pre_hook(lambda _, args: _keep_inputs(args, saved, owned))
 

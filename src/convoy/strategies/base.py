@@ -103,6 +103,9 @@ class Strategy:
     lightning: ClassVar[LightningCounterpart]
     plan_preference: ClassVar[int] = 0
     """Order among layouts with the same number of workers in ``convoy plan``: lower first."""
+    compiles_whole_model: ClassVar[bool] = True
+    """``run.compile: model`` works: the strategy runs the model's forward as one call (a
+    sharding strategy's per-block hooks would break the graph; it compiles per block)."""
 
     def __init__(
         self,

@@ -28,11 +28,13 @@ from torch.utils.checkpoint import checkpoint
 from convoy.errors import ConfigError
 
 
-def prepare_blocks(model: nn.Module, strategy_cfg: Any, compile_blocks: bool) -> nn.Module:
+def prepare_blocks(model: nn.Module, strategy_cfg: Any, compile_mode: bool | str) -> nn.Module:
     """Apply the strategy section's ``activation_checkpointing`` and ``run.compile`` to
     ``model``'s blocks, in place; returns ``model``."""
     mode = getattr(strategy_cfg, "activation_checkpointing", "none")
-    if compile_blocks:
+    if compile_mode == "model":  # the whole forward; checkpointed blocks inside trace too
+        model.forward = torch.compile(model.forward)  # type: ignore[method-assign]
+    elif compile_mode:
         for target in compiled_targets(model):
             target.forward = torch.compile(target.forward, fullgraph=True)
     if mode != "none":
@@ -43,10 +45,13 @@ def prepare_blocks(model: nn.Module, strategy_cfg: Any, compile_blocks: bool) ->
     return model
 
 
-def compiled_targets(model: nn.Module) -> list[nn.Module]:
-    """What ``run.compile`` compiles: each of the model's ``blocks``, else the whole model."""
+def compiled_targets(model: nn.Module, compile_mode: bool | str = "blocks") -> list[nn.Module]:
+    """What ``run.compile`` compiles: each of the model's ``blocks`` (else the whole model),
+    or the whole model for ``model``."""
     blocks = getattr(model, "blocks", None)
-    return list(blocks) if isinstance(blocks, nn.ModuleList) and len(blocks) else [model]
+    if compile_mode == "model" or not (isinstance(blocks, nn.ModuleList) and len(blocks)):
+        return [model]
+    return list(blocks)
 
 
 def checkpointed_blocks(model: nn.Module) -> list[nn.Module]:

@@ -50,6 +50,7 @@ class FSDPStrategy(Strategy):
     )
     lightning = LightningCounterpart("FSDPStrategy", ray_strategy="RayFSDPStrategy", needs_gpu=True)
     plan_preference = 3  # after fsdp2, Convoy's default sharded strategy
+    compiles_whole_model = False
 
     @classmethod
     def comm_passes(cls, cfg: Any) -> float:

@@ -58,6 +58,7 @@ class FSDP2Strategy(Strategy):
     # Data parallel over every worker, no tensor parallelism; Ray Train has no subclass.
     lightning = LightningCounterpart("ModelParallelStrategy")
     plan_preference = 2
+    compiles_whole_model = False
 
     @classmethod
     def shard_ranks(cls, cfg: Any, world_size: int) -> int | None:

@@ -52,6 +52,13 @@ class Task(ABC):
         """The model's outputs for one batch's inputs."""
         return model(inputs)
 
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: Any) -> tuple[Any, torch.Tensor]:
+        """A training micro-batch's outputs (what ``metric_inputs`` receives) and loss sum:
+        ``forward`` then ``loss_sum``, unless the task lets the model compute its loss in its
+        forward (a language model's head fused with the cross-entropy)."""
+        outputs = self.forward(model, inputs)
+        return outputs, self.loss_sum(outputs, targets)
+
     @abstractmethod
     def loss_sum(self, outputs: Any, targets: Any) -> torch.Tensor:
         """The loss summed (not averaged) over the batch's counted units, as a 0-d tensor."""
@@ -123,3 +130,13 @@ def targets_of(dataset: Any, limit: int) -> torch.Tensor:
 def perplexity(mean_nats: float) -> float:
     """exp(loss), saturating instead of overflowing for an untrained model."""
     return math.exp(min(mean_nats, 700.0))
+
+
+def inner_model(model: nn.Module) -> nn.Module:
+    """The user's module inside the wrappers that hold it as an attribute (DDP's ``module``,
+    ``torch.compile``'s ``_orig_mod``); FSDP wraps in place."""
+    while True:
+        inner = getattr(model, "module", None) or getattr(model, "_orig_mod", None)
+        if not isinstance(inner, nn.Module):
+            return model
+        model = inner

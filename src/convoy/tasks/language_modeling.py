@@ -17,9 +17,10 @@ from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from torchmetrics import Metric
 
-from convoy.tasks.base import Mode, Task, perplexity
+from convoy.tasks.base import Mode, Task, inner_model, perplexity
 
 IGNORE_INDEX = -100
 TOKENS_CHECKED = 100_000
@@ -40,7 +41,7 @@ class TargetBytes(Metric):
         self.register_buffer("token_bytes", torch.tensor(token_bytes, dtype=torch.long))
         self.add_state("total", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
 
-    def update(self, logits: torch.Tensor, targets: torch.Tensor) -> None:
+    def update(self, logits: torch.Tensor | None, targets: torch.Tensor) -> None:
         # A mask, not ``targets[mask]``: boolean indexing waits for the device (its size).
         real = targets != self.ignore_index
         self.total += (self.token_bytes[torch.where(real, targets, 0)] * real).sum()
@@ -62,6 +63,16 @@ class LanguageModeling(Task):
     def __init__(self, ignore_index: int = IGNORE_INDEX) -> None:
         self.ignore_index = ignore_index
 
+    def forward_loss(
+        self, model: nn.Module, inputs: Any, targets: Any
+    ) -> tuple[Any, torch.Tensor]:
+        """A model that computes its own loss (``computes_loss``: ``gpt``) gets the targets
+        and returns the loss sum, so it may fuse its head with the cross-entropy and never
+        hold the batch's logits; the metrics then see no outputs (they read the targets)."""
+        if getattr(inner_model(model), "computes_loss", False):
+            return None, model(inputs, targets=targets, ignore_index=self.ignore_index)
+        return super().forward_loss(model, inputs, targets)
+
     def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
             outputs.float().flatten(0, -2),
@@ -79,7 +90,8 @@ class LanguageModeling(Task):
         return {"bytes": TargetBytes(meta["token_bytes"], self.ignore_index)}
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
-        return outputs, targets  # only the targets are read: no copy of the logits
+        # Only the targets are read: no logits held back for a batched update.
+        return None, targets
 
     def derived(self, values: dict[str, float]) -> dict[str, float]:
         derived = {"ppl": perplexity(values["loss"])}

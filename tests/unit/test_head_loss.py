@@ -1,0 +1,81 @@
+"""The language model's head and loss as one step: every path gives the task's loss sum and
+the same gradients, without the batch's logits where it is fused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from convoy.models.gpt import GPT
+from convoy.models.head_loss import (
+    FUSED_FROM_BYTES,
+    ChunkedLinearCrossEntropy,
+    resolve_head_loss,
+)
+from convoy.tasks import LanguageModeling
+
+CPU = torch.device("cpu")
+
+
+def test_chunked_cross_entropy_matches_the_full_logits_and_their_gradients() -> None:
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(300, 32, generator=generator, requires_grad=True)
+    w = torch.randn(500, 32, generator=generator, requires_grad=True)
+    y = torch.randint(0, 500, (300,), generator=generator)
+    y[::7] = -100  # padding: no loss, no gradient
+    full = F.cross_entropy(F.linear(x, w), y, ignore_index=-100, reduction="sum")
+    want = torch.autograd.grad(full * 1.7, (x, w))
+    chunked = ChunkedLinearCrossEntropy.apply(x, w, y, -100, 64)  # 5 chunks, the last short
+    got = torch.autograd.grad(chunked * 1.7, (x, w))
+    assert chunked.item() == pytest.approx(full.item(), rel=1e-6)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert got[0][::7].abs().max() == 0  # an ignored row's input gets no gradient
+
+
+def _model(head_loss: str) -> GPT:
+    torch.manual_seed(0)
+    return GPT(vocab_size=300, context_length=32, depth=2, heads=2, hidden=32, head_loss=head_loss)
+
+
+def _batch() -> tuple[torch.Tensor, torch.Tensor]:
+    generator = torch.Generator().manual_seed(1)
+    inputs = torch.randint(0, 300, (4, 32), generator=generator)
+    targets = torch.randint(0, 300, (4, 32), generator=generator)
+    targets[0, 5:] = -100
+    return inputs, targets
+
+
+def test_the_model_computes_the_tasks_loss_bitwise_through_the_logits() -> None:
+    task, (inputs, targets) = LanguageModeling(), _batch()
+    model = _model("logits")
+    outputs, loss = task.forward_loss(model, inputs, targets)
+    assert outputs is None  # no logits leave the model in training
+    assert torch.equal(loss, task.loss_sum(model(inputs), targets))
+
+
+def test_the_chunked_path_trains_as_the_logits_path() -> None:
+    task, (inputs, targets) = LanguageModeling(), _batch()
+    grads = []
+    for path in ("logits", "chunked"):
+        model = _model(path)
+        _, loss = task.forward_loss(model, inputs, targets)
+        loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    for name, grad in grads[0].items():
+        torch.testing.assert_close(grads[1][name], grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_auto_takes_the_full_logits_for_a_small_batch_and_fuses_a_large_one() -> None:
+    weight = torch.zeros(1, 1)
+    small_rows = 16 * 1024
+    assert resolve_head_loss("auto", small_rows, 50304, CPU, weight) == "logits"
+    large_rows = FUSED_FROM_BYTES // (50304 * 4) + 1
+    assert resolve_head_loss("auto", large_rows, 50304, CPU, weight) == "chunked"
+    assert resolve_head_loss("liger", small_rows, 50304, CPU, weight) == "liger"
+
+
+def test_an_unknown_head_loss_is_one_line() -> None:
+    with pytest.raises(ValueError, match="head_loss: got 'fast'; allowed: auto, logits"):
+        GPT(vocab_size=10, head_loss="fast")
