@@ -66,7 +66,7 @@ GPT_SMALL = (
 
 
 def _gpt_small(batch: int, compiled: bool) -> Workload:
-    compile_ = ("run.compile=true",) if compiled else ()
+    compile_ = ("run.compile=model",) if compiled else ()
     return Workload(
         "recipes/lm_tiny.yaml",
         (*GPT_SMALL, f"data.batch_size={batch}", *compile_),
@@ -142,7 +142,9 @@ def plain_loop(recipe: str, overrides: list[str], steps: int) -> dict[str, Any]:
         fused=cuda,
     )
     total = steps
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: lr_factor(s, job.optim, total))
+    schedule = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda s: lr_factor(s, job.optim, total)
+    )
     if world > 1:
         model = torch.nn.parallel.DistributedDataParallel(model)
     if job.run.compile:
@@ -276,9 +278,11 @@ def table(results: dict[tuple[str, str], list[dict[str, Any]]], args: argparse.N
             plain_ms = statistics.median(r["step_s"] for r in plains) * 1e3
             convoy_ms = statistics.median(r["step_s"] for r in convoys) * 1e3
             # Paired per repetition: runs next to each other share the machine's state.
-            speed = statistics.median(p["step_s"] / c["step_s"] for p, c in zip(plains, convoys))
+            speed = statistics.median(
+                p["step_s"] / c["step_s"] for p, c in zip(plains, convoys, strict=True)
+            )
             extra = statistics.median(
-                (c["step_s"] - p["step_s"]) * 1e3 for p, c in zip(plains, convoys)
+                (c["step_s"] - p["step_s"]) * 1e3 for p, c in zip(plains, convoys, strict=True)
             )
             rows.append(
                 f"| {WORKLOADS[name].note} | {label} | {plain_ms:.3f} | {convoy_ms:.3f} | "

@@ -3,6 +3,8 @@ the same gradients, without the batch's logits where it is fused."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -11,11 +13,13 @@ from convoy.models.gpt import GPT
 from convoy.models.head_loss import (
     FUSED_FROM_BYTES,
     ChunkedLinearCrossEntropy,
+    liger_available,
     resolve_head_loss,
 )
 from convoy.tasks import LanguageModeling
 
 CPU = torch.device("cpu")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_chunked_cross_entropy_matches_the_full_logits_and_their_gradients() -> None:
@@ -29,7 +33,7 @@ def test_chunked_cross_entropy_matches_the_full_logits_and_their_gradients() -> 
     chunked = ChunkedLinearCrossEntropy.apply(x, w, y, -100, 64)  # 5 chunks, the last short
     got = torch.autograd.grad(chunked * 1.7, (x, w))
     assert chunked.item() == pytest.approx(full.item(), rel=1e-6)
-    for a, b in zip(got, want):
+    for a, b in zip(got, want, strict=True):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
     assert got[0][::7].abs().max() == 0  # an ignored row's input gets no gradient
 
@@ -76,6 +80,23 @@ def test_auto_takes_the_full_logits_for_a_small_batch_and_fuses_a_large_one() ->
     assert resolve_head_loss("liger", small_rows, 50304, CPU, weight) == "liger"
 
 
-def test_an_unknown_head_loss_is_one_line() -> None:
-    with pytest.raises(ValueError, match="head_loss: got 'fast'; allowed: auto, logits"):
-        GPT(vocab_size=10, head_loss="fast")
+def test_an_unknown_or_missing_head_loss_is_one_line_before_any_worker(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from convoy.config import load_job
+    from convoy.errors import ConfigError
+    from convoy.preflight import preflight
+
+    base = ["strategy.name=single", "scaling.num_workers=1", "scaling.launcher=local"]
+    for value, says in (
+        ("fast", "head_loss: got 'fast'; allowed: auto, logits"),
+        ("liger", "pip install 'convoy[fused]'"),
+    ):
+        if value == "liger" and liger_available():
+            continue
+        job = load_job(
+            REPO / "recipes/lm_tiny.yaml",
+            [*base, f"model.kwargs.head_loss={value}", "data.tokenizer=bytes"],
+        )
+        with pytest.raises(ConfigError) as info:
+            preflight(job)
+        message = str(info.value)
+        assert message.startswith("model.kwargs:") and says in message and "\n" not in message

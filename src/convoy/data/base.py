@@ -12,7 +12,7 @@ from torch.utils.data import Dataset, default_collate
 from convoy.errors import ConfigError
 
 
-class Collated(tuple):  # type: ignore[type-arg]
+class Collated(tuple):
     """A batch a dataset's ``__getitems__`` built whole: ``collate`` passes it on as it is.
 
     The DataLoader fetches a batch through ``__getitems__`` where a dataset has one; an

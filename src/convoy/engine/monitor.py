@@ -81,7 +81,9 @@ class StepClock:
     def __init__(self, device: torch.device) -> None:
         self.cuda = device.type == "cuda"
         self._start: torch.cuda.Event | None = None
-        self._pending: list[tuple[float, float, torch.cuda.Event | None, torch.cuda.Event | None]] = []
+        self._pending: list[
+            tuple[float, float, torch.cuda.Event | None, torch.cuda.Event | None]
+        ] = []
 
     def start(self) -> None:
         if self.cuda:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from convoy.models.attention import SelfAttention
-from convoy.models.head_loss import HEAD_LOSSES, head_loss_sum, resolve_head_loss
+from convoy.models.head_loss import check_head_loss, head_loss_sum, resolve_head_loss
 from convoy.models.tensor_parallel import sequence_parallel_block_plan
 
 INIT_STD = 0.02
@@ -74,8 +74,7 @@ class GPT(nn.Module):
         head_loss: str = "auto",
     ) -> None:
         super().__init__()
-        if head_loss not in HEAD_LOSSES:
-            raise ValueError(f"head_loss: got {head_loss!r}; allowed: {', '.join(HEAD_LOSSES)}")
+        check_head_loss(head_loss)
         self.head_loss = head_loss
         self.context_length = context_length
         self.token_embed = nn.Embedding(vocab_size, hidden)

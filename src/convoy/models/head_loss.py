@@ -15,11 +15,12 @@ Every path returns the loss *sum* over the real targets (``ignore_index`` left o
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+
+from convoy.imports import installed, missing_extra
 
 HeadLoss = Literal["auto", "logits", "chunked", "liger"]
 HEAD_LOSSES: tuple[str, ...] = ("auto", "logits", "chunked", "liger")
@@ -34,7 +35,15 @@ CHUNK_ROWS = 8192
 
 def liger_available() -> bool:
     """Whether Liger Kernel (the ``fused`` extra; it needs Triton and CUDA) is installed."""
-    return importlib.util.find_spec("liger_kernel") is not None
+    return installed("liger_kernel")
+
+
+def check_head_loss(choice: str) -> None:
+    """A ``ValueError`` (one line) for a ``head_loss`` that is unknown or not installed."""
+    if choice not in HEAD_LOSSES:
+        raise ValueError(f"head_loss: got {choice!r}; allowed: {', '.join(HEAD_LOSSES)}")
+    if choice == "liger" and not liger_available():
+        raise ValueError(missing_extra("head_loss: liger", "liger-kernel", "fused"))
 
 
 def resolve_head_loss(
@@ -114,7 +123,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(  # type: ignore[override]
+    def forward(
         ctx: Any,
         x: torch.Tensor,
         weight: torch.Tensor,
@@ -150,7 +159,7 @@ class ChunkedLinearCrossEntropy(torch.autograd.Function):
         return total
 
     @staticmethod
-    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:  # type: ignore[override]
+    def backward(ctx: Any, grad_out: torch.Tensor) -> tuple[Any, ...]:
         grad_x, grad_w = ctx.saved_tensors
         scale = grad_out.float()
         dx = None if grad_x is None else grad_x * scale.to(grad_x.dtype)

@@ -33,7 +33,7 @@ def prepare_blocks(model: nn.Module, strategy_cfg: Any, compile_mode: bool | str
     ``model``'s blocks, in place; returns ``model``."""
     mode = getattr(strategy_cfg, "activation_checkpointing", "none")
     if compile_mode == "model":  # the whole forward; checkpointed blocks inside trace too
-        model.forward = torch.compile(model.forward)  # type: ignore[method-assign]
+        model.forward = torch.compile(model.forward)
     elif compile_mode:
         for target in compiled_targets(model):
             target.forward = torch.compile(target.forward, fullgraph=True)

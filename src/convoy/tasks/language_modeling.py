@@ -63,9 +63,7 @@ class LanguageModeling(Task):
     def __init__(self, ignore_index: int = IGNORE_INDEX) -> None:
         self.ignore_index = ignore_index
 
-    def forward_loss(
-        self, model: nn.Module, inputs: Any, targets: Any
-    ) -> tuple[Any, torch.Tensor]:
+    def forward_loss(self, model: nn.Module, inputs: Any, targets: Any) -> tuple[Any, torch.Tensor]:
         """A model that computes its own loss (``computes_loss``: ``gpt``) gets the targets
         and returns the loss sum, so it may fuse its head with the cross-entropy and never
         hold the batch's logits; the metrics then see no outputs (they read the targets)."""
