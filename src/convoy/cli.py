@@ -336,7 +336,9 @@ def _rates_line(summary: dict[str, Any]) -> list[str]:
     the whole run's (which counts the first steps and each epoch's start)."""
     count = "tokens" if "tokens_per_second" in summary else "samples"
     steady = summary.get(f"steady_{count}_per_second")
-    whole = summary.get(f"{count}_per_second", summary["samples_per_second"])
+    whole = summary.get(f"{count}_per_second", summary.get("samples_per_second"))
+    if whole is None:
+        return []
     if steady is None:
         return [f"whole run {whole:,.0f} {count}/s"]
     return [f"steady {steady:,.0f} {count}/s (median step) | whole run {whole:,.0f} {count}/s"]

@@ -58,3 +58,77 @@ def test_fp16_uses_a_grad_scaler_on_cuda(tmp_path: Path) -> None:
         ],
     )
     assert convoy.train(job).summary["metrics"]["test/acc"] > 0.9
+
+
+@pytest.mark.parametrize("task_name", ["classification", "language_modeling"])
+def test_a_steady_step_never_waits_for_the_device(task_name: str) -> None:
+    """The step, the train metrics and the step clock queue work and return: torch's sync
+    debug mode turns any wait for the device inside them into an error (the loop waits only
+    at logged steps, where it reads the loss)."""
+    from convoy.config import DataParallelRank
+    from convoy.engine.amp import Precision
+    from convoy.engine.monitor import ForwardTimer, StepClock
+    from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names
+    from convoy.engine.step import StepParts, train_step
+    from convoy.metrics import MetricsManager
+    from convoy.models.gpt import GPT
+    from convoy.models.mlp import MLP
+    from convoy.strategies import build_strategy
+    from convoy.tasks import build_task
+
+    cuda = torch.device("cuda")
+    torch.manual_seed(0)
+    if task_name == "classification":
+        model: torch.nn.Module = MLP().to(cuda)
+        shape = {"num_classes": 10}
+        batch = (torch.randn(32, 1, 8, 8, device=cuda), torch.randint(0, 10, (32,), device=cuda))
+        meta: dict[str, object] = {}
+    else:
+        model = GPT(vocab_size=256, context_length=64, depth=2, heads=2, hidden=64).to(cuda)
+        shape = {"vocab_size": 256}
+        batch = (torch.randint(0, 256, (8, 64), device=cuda),) * 2
+        meta = {"token_bytes": [1] * 256}
+    job = load_job(
+        None, ["strategy.name=single", "scaling.num_workers=1", "optim.grad_clip_norm=1.0"]
+    )
+    strategy = build_strategy(job.strategy, cuda, torch.bfloat16)
+    optimizer = build_optimizer(job.optim, model, no_decay_names(model), 1e-3)
+    task = build_task(task_name, {})
+    parts = StepParts(
+        model,
+        optimizer,
+        build_scheduler(optimizer, job.optim, 100),
+        strategy,
+        Precision(torch.bfloat16, cuda, strategy),
+        task,
+    )
+    metrics = MetricsManager(task, shape, cuda, meta)
+    clock = StepClock(cuda)
+    share = DataParallelRank(0, 1, counts=True)
+
+    def step() -> None:
+        clock.start()
+        result = train_step(parts, [batch], share, 1.0)
+        timer = ForwardTimer(cuda)
+        with timer:
+            pass
+        metrics.update(
+            "train",
+            None if task_name != "classification" else model(batch[0]),
+            batch[1],
+            result.loss_sum,
+            result.global_count,
+        )
+        clock.end(0.0)
+
+    for _ in range(2):  # warm-up: allocator, cuBLAS handles, lazy state
+        step()
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for _ in range(5):
+            step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert len(clock.resolve()) == 7
+    assert metrics.compute("train")["train/loss"] > 0

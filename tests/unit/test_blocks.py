@@ -104,5 +104,8 @@ def test_compiled_blocks_train_as_eager_ones_and_report_the_compile_time(tmp_pat
     assert losses[True] == pytest.approx(losses[False], rel=1e-5)
     # The whole model, its fused-or-not loss included, in one graph: the same losses.
     assert losses["model"] == pytest.approx(losses[False], rel=1e-5)
+    eager = summaries[False]  # the steady rate is the median step's, named apart
+    assert eager["steady_samples_per_second"] == pytest.approx(16 / eager["step_seconds_median"])
+    assert eager["steady_tokens_per_second"] > 0 and eager["tokens_per_second"] > 0
     assert summaries[False]["compile_seconds"] is None
     assert summaries[True]["compile_seconds"] > 0 and summaries["model"]["compile_seconds"] > 0

@@ -99,3 +99,30 @@ def test_a_small_models_rate_reads_as_a_number() -> None:
         {"flops_per_sample": 138752.0, "tflops_per_second": 0.00136, "device_name": "cpu"}
     )
     assert line == "compute: 0.14 MFLOP/sample | 1.36 GFLOP/s (cpu)"
+
+
+def test_the_summary_names_the_steady_rate_and_the_whole_runs() -> None:
+    from convoy.cli import _rates_line, _throughput_line
+
+    summary = {
+        "samples_per_second": 216.0,
+        "tokens_per_second": 221_000.0,
+        "steady_samples_per_second": 269.0,
+        "steady_tokens_per_second": 275_600.0,
+        "flops_per_sample": 0.875e12,
+        "tflops_per_second": 189.0,
+        "mfu": 0.191,
+        "steady_tflops_per_second": 235.4,
+        "steady_mfu": 0.238,
+        "peak_flops_per_device": 989e12,
+        "device_name": "NVIDIA H100 80GB HBM3",
+    }
+    assert _rates_line(summary) == [
+        "steady 275,600 tokens/s (median step) | whole run 221,000 tokens/s"
+    ]
+    assert _throughput_line(summary) == (
+        "compute: 0.88 TFLOP/sample | steady 235.40 TFLOP/s MFU 23.8% | whole run 189.00 "
+        "TFLOP/s MFU 19.1% of 989 TFLOP/s per device (NVIDIA H100 80GB HBM3)"
+    )
+    # A run without steady figures (Lightning's) shows the whole run's rate alone.
+    assert _rates_line({"samples_per_second": 100.0}) == ["whole run 100 samples/s"]
