@@ -151,7 +151,10 @@ def measure_activations(
                 outputs = task.forward(model, inputs)
                 forward = tracker.peak + batch
                 loss = task.loss_sum(outputs, targets)
-            for out in tensors_in(outputs):
+            # The train step holds the outputs through backward, unless the model computes
+            # its loss itself (``gpt``): then only what autograd saved stays.
+            held = () if task.model_computes_loss(model) else tensors_in(outputs)
+            for out in held:
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
             backward = in_model = recompute = 0
             recompute_grads = 0.0

@@ -59,6 +59,10 @@ class Task(ABC):
         outputs = self.forward(model, inputs)
         return outputs, self.loss_sum(outputs, targets)
 
+    def model_computes_loss(self, model: nn.Module) -> bool:
+        """Whether ``forward_loss`` has ``model`` compute the loss in its forward."""
+        return False
+
     @abstractmethod
     def loss_sum(self, outputs: Any, targets: Any) -> torch.Tensor:
         """The loss summed (not averaged) over the batch's counted units, as a 0-d tensor."""

@@ -67,9 +67,12 @@ class LanguageModeling(Task):
         """A model that computes its own loss (``computes_loss``: ``gpt``) gets the targets
         and returns the loss sum, so it may fuse its head with the cross-entropy and never
         hold the batch's logits; the metrics then see no outputs (they read the targets)."""
-        if getattr(inner_model(model), "computes_loss", False):
+        if self.model_computes_loss(model):
             return None, model(inputs, targets=targets, ignore_index=self.ignore_index)
         return super().forward_loss(model, inputs, targets)
+
+    def model_computes_loss(self, model: nn.Module) -> bool:
+        return bool(getattr(inner_model(model), "computes_loss", False))
 
     def loss_sum(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         return F.cross_entropy(
