@@ -152,7 +152,8 @@ def measure_activations(
                 forward = tracker.peak + batch
                 loss = task.loss_sum(outputs, targets)
             # The train step holds the outputs through backward, unless the model computes
-            # its loss itself (``gpt``): then only what autograd saved stays.
+            # its loss itself (``gpt``; not under tensor parallelism): then only
+            # what autograd saved stays.
             held = () if task.model_computes_loss(model) else tensors_in(outputs)
             for out in held:
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
