@@ -232,7 +232,7 @@ def train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
 
 
 def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
-    timers = Timers()
+    timers = Timers(clock=StepClock(ctx.device))
     seed_everything(job.run.seed)
     share = job.strategy.data_parallel_rank(ctx.rank, ctx.world_size)
     data = _worker_data(job, ctx, share)
@@ -248,7 +248,6 @@ def _train(job: Job, ctx: WorkerContext, strategy: Strategy) -> dict[str, Any]:
     if job.run.max_steps is not None:
         total_steps = min(total_steps, job.run.max_steps)
     state = _build_state(job, ctx, data, strategy, total_steps, share)
-    timers.clock = StepClock(ctx.device)
     state.timers = timers
     name = device_name(ctx.device)
     state.throughput = Throughput(name, peak_flops(name, job.precision))

@@ -108,7 +108,7 @@ class GPT(nn.Module):
 
     computes_loss = True
     """``forward(input_ids, targets=...)`` returns the loss sum (the language-modeling task
-    asks for it in training); ``prepare_blocks`` turns it off under tensor parallelism."""
+    asks for it in training)."""
 
     def forward(
         self, input_ids: torch.Tensor, targets: torch.Tensor | None = None, ignore_index: int = -100

@@ -47,6 +47,10 @@ class Activations:
     backward, with most gradients in); may be negative (saved activations freed)."""
     recompute_grads: float = 0.0
     """The fraction of the parameters' gradients produced by that moment."""
+    loss_in_model: bool = False
+    """The model computes its loss in its forward (``Task.model_computes_loss``): the step
+    holds no outputs, and the loss's own backward runs inside the model (under FSDP, with
+    the root unsharded)."""
 
 
 class _LiveBytes(TorchDispatchMode):
@@ -152,9 +156,9 @@ def measure_activations(
                 forward = tracker.peak + batch
                 loss = task.loss_sum(outputs, targets)
             # The train step holds the outputs through backward, unless the model computes
-            # its loss itself (``gpt``; not under tensor parallelism): then only
-            # what autograd saved stays.
-            held = () if task.model_computes_loss(model) else tensors_in(outputs)
+            # its loss itself (``gpt``): then only what autograd saved stays.
+            loss_in_model = task.model_computes_loss(model)
+            held = () if loss_in_model else tensors_in(outputs)
             for out in held:
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
             backward = in_model = recompute = 0
@@ -195,6 +199,7 @@ def measure_activations(
         forward,
         recompute if checkpointed_blocks(model) else 0,
         recompute_grads if checkpointed_blocks(model) else 0.0,
+        loss_in_model,
     )
 
 

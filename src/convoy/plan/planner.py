@@ -202,6 +202,8 @@ class Planner:
                 }
             if "backward (recompute)" in moments:  # the recomputed block is unsharded
                 moments["backward (recompute)"]["comm"] = held["backward (unit)"]
+            if acts.loss_in_model:  # the loss's own backward runs in the root's
+                moments["backward"]["comm"] = held["backward (loss)"]
             comm = max(held.values())
         elif cls.gathers_parameters(shards):
             # Backward through the largest unit: it is unsharded, the next one is being
@@ -260,8 +262,10 @@ class Planner:
 
         - ``forward (unit)``: the root unsharded, plus the largest of a unit's all-gather
           output with its copy (or with the next unit's all-gather output);
+        - ``backward (loss)``: the loss's own backward where the model computes its loss
+          (otherwise it meets nothing unsharded): the root unsharded;
         - ``backward (in model)``, with the part of the backward transient from the model's
-          outputs on (the loss's own backward meets nothing unsharded): the root unsharded
+          outputs on: the root unsharded
           with its gradients, the unit in backward unsharded and the one before it
           all-gathered;
         - ``backward (unit)``: the same without the transient, at a unit's copy-out, its
@@ -310,6 +314,7 @@ class Planner:
             backward.append(grads(parts.root))
             unit.append(grads(parts.root) + reduce_input)
         return {
+            "backward (loss)": root,
             "forward (unit)": root + max(forward),
             "backward (in model)": root + max(backward),
             "backward (unit)": root + max(unit),

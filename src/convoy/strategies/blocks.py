@@ -32,10 +32,6 @@ def prepare_blocks(model: nn.Module, strategy_cfg: Any, compile_mode: bool | str
     """Apply the strategy section's ``activation_checkpointing`` and ``run.compile`` to
     ``model``'s blocks, in place; returns ``model``."""
     mode = getattr(strategy_cfg, "activation_checkpointing", "none")
-    if getattr(strategy_cfg, "tp_size", 1) > 1 and getattr(model, "computes_loss", False):
-        # Under tensor parallelism the task computes the loss from the logits, as the memory
-        # plan measures it (the loop, plan --check and the planner all come through here).
-        model.computes_loss = False
     if compile_mode == "model":  # the whole forward; checkpointed blocks inside trace too
         model.forward = torch.compile(model.forward)
     elif compile_mode:
