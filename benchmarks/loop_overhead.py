@@ -125,7 +125,7 @@ def plain_loop(recipe: str, overrides: list[str], steps: int) -> dict[str, Any]:
     device = torch.device("cuda" if cuda else "cpu")
     splits = load_splits(job.data)
     inputs, targets = (
-        torch.stack([t.flatten(0) if t.dim() == 0 else t for t in column]).to(device)
+        torch.stack(column).to(device)
         for column in zip(*(splits.train[i] for i in range(len(splits.train))), strict=True)
     )
     model = build_model(job.model.name, job.model.kwargs, splits.shape).to(device)
