@@ -5,6 +5,11 @@ processes, gives each a ``WorkerContext`` that joins a loopback TCP rendezvous, 
 ``fn(ctx, *args)`` and returns every rank's return value in rank order. ``fn`` must be
 importable (defined at module level). A rank that raises prints its traceback and exits with
 code 1, which ``torch.multiprocessing`` reports as a ``ProcessExitedException``.
+
+The ranks are forked from a fork server that has imported torch and the engine once per
+calling process: a spawned rank spends seconds of CPU importing them, and a test suite starts
+hundreds of ranks. Each rank gets the caller's environment as it is at the call, as a spawned
+one would.
 """
 
 from __future__ import annotations
@@ -72,19 +77,33 @@ def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
     return summary
 
 
+# What a rank imports anyway, imported once in the fork server (modules, not state: no
+# process group, no threads, no device is touched by importing them).
+FORK_SERVER_PRELOAD = ["torch", "torch.distributed.checkpoint", "convoy.engine.loop"]
+
+
 def run_on_gloo(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
-    """Call ``fn(ctx, *args)`` on ``world_size`` spawned CPU ranks; results in rank order."""
+    """Call ``fn(ctx, *args)`` on ``world_size`` new CPU ranks; results in rank order."""
     with tempfile.TemporaryDirectory(prefix="convoy-gloo-") as tmp:
         # A TCP store hosted by rank 0; file stores were seen to abort at exit under load.
         init_method = f"tcp://127.0.0.1:{free_port()}"
         mp.start_processes(
             _entry,
-            args=(fn, world_size, init_method, tmp, args),
+            args=(fn, world_size, init_method, tmp, args, dict(os.environ)),
             nprocs=world_size,
-            start_method="spawn",
+            start_method=_start_method(),
             join=True,
         )
         return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
+
+
+def _start_method() -> str:
+    """``forkserver`` with the engine preloaded where the platform has it, else ``spawn``."""
+    if "forkserver" not in mp.get_all_start_methods():
+        return "spawn"
+    # Takes effect when the fork server starts (the first call); later calls reuse it.
+    mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
+    return "forkserver"
 
 
 def _entry(
@@ -94,7 +113,11 @@ def _entry(
     init_method: str,
     tmp: str,
     args: tuple[Any, ...],
+    environ: dict[str, str],
 ) -> None:
+    # The fork server kept the environment of its own start; a rank sees the caller's.
+    os.environ.clear()
+    os.environ.update(environ)
     ctx = WorkerContext(
         rank=rank,
         local_rank=rank,
