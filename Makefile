@@ -5,6 +5,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?=
+# Two pytest workers (pytest-xdist): a test that waits on a Ray, a restart or a timeout leaves
+# its core to the other worker. Each worker has its own Ray; a module stays on one worker.
+# PYTEST_WORKERS=0 runs in one process.
+PYTEST_WORKERS ?= 2
 
 export RAY_USAGE_STATS_ENABLED := 0
 
@@ -98,7 +102,7 @@ browser:
 
 ## test: lint, then every test tier (unit, distributed, e2e, cluster)
 test: envtest-build browser install lint
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/launcher_overhead.py

@@ -26,6 +26,20 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), a module's tests stay
+    on one worker, since they share its module fixtures (a cluster, a Ray head, a reference
+    run), and the whole cluster tier stays on one worker: its multi-node clusters and their
+    node kills are timed against one another's CPU, not against a second cluster's."""
+    if not config.pluginmanager.hasplugin("xdist"):
+        return
+    cluster_tier = REPO / "tests" / "cluster"
+    for item in items:
+        in_cluster_tier = cluster_tier in item.path.parents
+        group = "cluster" if in_cluster_tier else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _remove_test_cache():
     yield
