@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -91,13 +92,13 @@ def test_a_ray_a_user_started_here_is_joined_at_its_address_not_auto(
 
 
 def test_without_a_user_started_ray_a_private_one_is_started(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, short_tmp_path: Path
 ) -> None:
     from convoy.launchers import ray as ray_launcher
     from convoy.launchers import ray_local
 
     fake = FakeRay()
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_TMPDIR", str(short_tmp_path))
     monkeypatch.setattr(ray_launcher, "user_started_cluster", lambda: None)
     monkeypatch.setattr(ray_launcher, "route_ray_output", lambda ray: None)
     monkeypatch.setattr(ray_local, "ray_logs_note", lambda ray: "")
@@ -106,8 +107,8 @@ def test_without_a_user_started_ray_a_private_one_is_started(
     call = fake.calls[0]
     assert "address" not in call and call["include_dashboard"] is False
     # Its own temp folder: no address file another process could find, its own logs.
-    assert Path(call["_temp_dir"]).parent == tmp_path / "ray"
-    assert Path(call["_temp_dir"]).name.startswith(f"convoy-{os.getpid()}-")
+    assert Path(call["_temp_dir"]).parent == short_tmp_path / "ray"
+    assert re.fullmatch(r"cv[0-9a-f]{6}", Path(call["_temp_dir"]).name)
 
 
 def test_a_stale_address_file_is_said_in_one_line_and_not_joined(
@@ -548,7 +549,7 @@ def test_a_run_directory_that_is_a_file_is_refused_before_ray_starts(
 
 
 def test_a_private_ray_that_never_starts_ends_in_one_line_naming_the_bound(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, short_tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from convoy.config import RayLauncherConfig
     from convoy.errors import LaunchError
@@ -562,7 +563,7 @@ def test_a_private_ray_that_never_starts_ends_in_one_line_naming_the_bound(
         def shutdown(self) -> None:
             pass
 
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_TMPDIR", str(short_tmp_path))
     fake = NeverStarts()
     with pytest.raises(LaunchError) as caught:
         start_private_ray(fake, RayLauncherConfig(start_timeout_s=0.5))
