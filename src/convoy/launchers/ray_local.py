@@ -178,19 +178,7 @@ def start_private_ray(
     if problem:
         raise LaunchError(problem)
     deadline = time.monotonic() + settings.start_timeout_s
-    for key in STARTUP_WAIT_VARIABLES:
-        os.environ.setdefault(key, str(int(settings.start_timeout_s)))
-    for key, value in EMBEDDED_RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    # Every Ray process (the train workers too) records and exports its metrics every few
-    # seconds for the dashboard's Prometheus endpoint, which nothing reads in a run without
-    # monitor.prometheus: steady step 1.048x torchrun's with it, 1.007x without
-    # (benchmarks/launcher_overhead_cpu_2026-11-26.md). Set while this Ray starts (its
-    # processes keep it), not after: a later private Ray in this process may want metrics.
-    metrics_env = {} if metrics else {"RAY_enable_metrics_collection": "0"}
-    private_env = {PRIVATE_RAY_VARIABLE: "1", **metrics_env}
-    # Ray starts its workers at nice 15; at the user's priority they compete with torchrun's.
-    os.environ.setdefault("RAY_worker_niceness", str(worker_niceness(settings)))
+    private_env = private_ray_environment(settings, metrics)
     while True:
         try:
             with environment(private_env):
@@ -220,6 +208,24 @@ def start_private_ray(
             flush=True,
         )
     print(f"convoy: started a private Ray for this run; {ray_logs_note(ray)}", flush=True)
+
+
+def private_ray_environment(settings: RayLauncherConfig, metrics: bool) -> dict[str, str]:
+    """Set a private Ray's settings in this process's environment, where the user has not
+    (Ray's processes inherit them); returns those to set only while it starts."""
+    for key in STARTUP_WAIT_VARIABLES:
+        os.environ.setdefault(key, str(int(settings.start_timeout_s)))
+    for key, value in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    # Ray starts its workers at nice 15; at the user's priority they compete with torchrun's.
+    os.environ.setdefault("RAY_worker_niceness", str(worker_niceness(settings)))
+    # Every Ray process (the train workers too) records and exports its metrics every few
+    # seconds for the dashboard's Prometheus endpoint, which nothing reads in a run without
+    # monitor.prometheus: steady step 1.048x torchrun's with it, 1.007x without
+    # (benchmarks/launcher_overhead_cpu_2026-11-26.md). Set while this Ray starts (its
+    # processes keep it), not after: a later private Ray in this process may want metrics.
+    metrics_env = {} if metrics else {"RAY_enable_metrics_collection": "0"}
+    return {PRIVATE_RAY_VARIABLE: "1", **metrics_env}
 
 
 def start_once(ray: Any, root: Path, resources: dict[str, float] | None, state_api: bool) -> None:
