@@ -7,6 +7,7 @@ import pickle
 import shutil
 import tarfile
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -90,6 +91,16 @@ def ray_session(s3):
     )
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture
+def short_tmp_path() -> Iterator[Path]:
+    """A new folder with a short path (``/tmp/cvy<random>``), for ``RAY_TMPDIR``: Ray's Unix
+    socket paths under it must fit in 107 bytes, which under pytest's ``tmp_path`` they
+    may not."""
+    folder = Path(tempfile.mkdtemp(prefix="cvy", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 def write_cifar_batches(folder: Path, per_batch: int = 20, seed: int = 0) -> Path:

@@ -114,6 +114,26 @@ def test_bad_input_is_one_paragraph_without_traceback(override: str, expected: s
     assert result.stdout == ""  # nothing started
 
 
+def test_a_run_directory_that_is_a_file_is_one_line_and_untouched(tmp_path: Path) -> None:
+    blocker = tmp_path / "exp1"
+    blocker.write_text("not a run")
+    result = run_cli(
+        "train",
+        DEFAULT,
+        *("-o", "scaling.launcher=local", "-o", "scaling.num_workers=1"),
+        *("-o", f"run.storage_dir={tmp_path}", "-o", "run.name=exp1"),
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert result.stderr.startswith(
+        f"convoy: error: run.name: got 'exp1'; the run's directory {blocker} is a file, not a "
+        "folder; choose another run.name or move that file away"
+    )
+    assert blocker.read_text() == "not a run"
+    assert [p.name for p in tmp_path.iterdir()] == ["exp1"]  # nothing written beside it
+
+
 def test_convoy_imports_and_trains_without_ray(tmp_path: Path) -> None:
     """Ray is optional: block it and run the local launcher end to end."""
     script = (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from convoy.distributed import (
     worker_threads,
 )
 from convoy.errors import ConfigError, ResourceError
-from convoy.launchers.base import check_shared_storage, resolve_run
+from convoy.launchers.base import check_run_dir, check_shared_storage, resolve_run
 from convoy.launchers.ray import (
     check_cluster_resources,
     placeable_workers,
@@ -91,13 +92,13 @@ def test_a_ray_a_user_started_here_is_joined_at_its_address_not_auto(
 
 
 def test_without_a_user_started_ray_a_private_one_is_started(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, short_tmp_path: Path
 ) -> None:
     from convoy.launchers import ray as ray_launcher
     from convoy.launchers import ray_local
 
     fake = FakeRay()
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_TMPDIR", str(short_tmp_path))
     monkeypatch.setattr(ray_launcher, "user_started_cluster", lambda: None)
     monkeypatch.setattr(ray_launcher, "route_ray_output", lambda ray: None)
     monkeypatch.setattr(ray_local, "ray_logs_note", lambda ray: "")
@@ -106,8 +107,8 @@ def test_without_a_user_started_ray_a_private_one_is_started(
     call = fake.calls[0]
     assert "address" not in call and call["include_dashboard"] is False
     # Its own temp folder: no address file another process could find, its own logs.
-    assert Path(call["_temp_dir"]).parent == tmp_path / "ray"
-    assert Path(call["_temp_dir"]).name.startswith(f"convoy-{os.getpid()}-")
+    assert Path(call["_temp_dir"]).parent == short_tmp_path / "ray"
+    assert re.fullmatch(r"cv[0-9a-f]{6}", Path(call["_temp_dir"]).name)
 
 
 def test_a_stale_address_file_is_said_in_one_line_and_not_joined(
@@ -478,10 +479,77 @@ def test_an_unwritable_storage_dir_is_refused_before_any_worker(tmp_path: Path) 
     with pytest.raises(ConfigError, match=r"^run.storage_dir: got '.*a-file/runs'; a folder"):
         convoy.train(job)
     assert blocker.read_text() == "not a folder"
+    # The storage folder itself a file: named as the file it is.
+    itself = job.model_copy(
+        update={"run": job.run.model_copy(update={"storage_dir": str(blocker)})}
+    )
+    with pytest.raises(
+        ConfigError, match=r"^run.storage_dir: got '.*a-file'; a folder \(.*a-file is a file\)"
+    ):
+        convoy.train(itself)
+    assert blocker.read_text() == "not a folder"
+
+
+def test_a_run_directory_that_is_a_file_is_refused_naming_it(tmp_path: Path) -> None:
+    blocker = tmp_path / "exp1"
+    blocker.write_text("not a run")
+    job = load_job(None, [f"run.storage_dir={tmp_path}", "run.name=exp1"])
+    with pytest.raises(ConfigError) as caught:
+        check_run_dir(job)
+    message = str(caught.value)
+    assert message.startswith("run.name: got 'exp1'; the run's directory ")
+    assert f"{blocker} is a file, not a folder; choose another run.name" in message
+    assert "\n" not in message
+    assert blocker.read_text() == "not a run"
+
+
+def test_a_run_directory_to_resume_or_to_create_passes_and_nothing_is_made(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "earlier").mkdir()
+    check_run_dir(load_job(None, [f"run.storage_dir={tmp_path}", "run.name=earlier"]))
+    check_run_dir(load_job(None, [f"run.storage_dir={tmp_path}/new/runs", "run.name=fresh"]))
+    assert [p.name for p in tmp_path.iterdir()] == ["earlier"]
+    check_run_dir(load_job(None, ["run.storage_dir=s3://bucket/runs", "run.name=exp1"]))
+
+
+def test_a_run_directory_that_is_a_file_is_refused_before_any_worker(tmp_path: Path) -> None:
+    import convoy
+
+    blocker = tmp_path / "exp1"
+    blocker.write_text("not a run")
+    job = load_job(
+        None,
+        [
+            "scaling.launcher=local",
+            "scaling.num_workers=1",
+            f"run.storage_dir={tmp_path}",
+            "run.name=exp1",
+        ],
+    )
+    with pytest.raises(ConfigError, match=r"^run.name: got 'exp1'; the run's directory .*exp1 "):
+        convoy.train(job)
+    assert blocker.read_text() == "not a run"
+    assert [p.name for p in tmp_path.iterdir()] == ["exp1"]
+
+
+def test_a_run_directory_that_is_a_file_is_refused_before_ray_starts(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from convoy.launchers import ray as ray_launcher
+
+    def no_ray() -> None:
+        raise AssertionError("Ray was imported or started before the run directory was checked")
+
+    monkeypatch.setattr(ray_launcher, "import_ray", no_ray)
+    (tmp_path / "exp1").write_text("not a run")
+    job = load_job(None, [f"run.storage_dir={tmp_path}", "run.name=exp1"])
+    with pytest.raises(ConfigError, match=r"^run.name: got 'exp1'; the run's directory "):
+        ray_launcher.RayLauncher(ray_launcher.RayCluster(address=None)).launch(job)
 
 
 def test_a_private_ray_that_never_starts_ends_in_one_line_naming_the_bound(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    monkeypatch: pytest.MonkeyPatch, short_tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     from convoy.config import RayLauncherConfig
     from convoy.errors import LaunchError
@@ -495,7 +563,7 @@ def test_a_private_ray_that_never_starts_ends_in_one_line_naming_the_bound(
         def shutdown(self) -> None:
             pass
 
-    monkeypatch.setenv("RAY_TMPDIR", str(tmp_path))
+    monkeypatch.setenv("RAY_TMPDIR", str(short_tmp_path))
     fake = NeverStarts()
     with pytest.raises(LaunchError) as caught:
         start_private_ray(fake, RayLauncherConfig(start_timeout_s=0.5))

@@ -90,21 +90,22 @@ class Launcher(ABC):
     name: ClassVar[str]
 
     def launch(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
-        """Check ``job`` (``convoy.preflight``), fix its run directory, and run ``entry``
-        (the training engine unless told otherwise) to completion on this launcher's workers.
-        A job with a ``lightning:`` section trains with the Lightning entry instead."""
+        """Check where the run writes (``check_run_location``) and ``job`` itself
+        (``convoy.preflight``), fix its run directory, and run ``entry`` (the training engine
+        unless told otherwise) to completion on this launcher's workers. A job with a
+        ``lightning:`` section trains with the Lightning entry instead."""
+        check_run_location(job)
         return self.start(*self.check(job, entry))
 
     def check(self, job: Job, entry: WorkerEntry = TRAIN) -> tuple[Job, WorkerEntry]:
-        """``launch``'s checks, in the driver before any worker starts: the job as it will
-        run (preflight's resolved settings, its run directory fixed) and the entry for it."""
+        """``launch``'s checks of the job, in the driver before any worker starts: the job as
+        it will run (preflight's resolved settings, its run directory fixed) and the entry
+        for it. Where the run writes is checked before, by ``check_run_location``."""
         from convoy.preflight import preflight
 
         if entry == TRAIN:
             entry = default_entry(job)
         checked = preflight(job) if entry.preflight else job
-        # Before any worker starts, not as a traceback from rank 0's first write.
-        check_writable_dir(job.run.storage_dir, "run.storage_dir")
         return resolve_run(checked), entry
 
     @abstractmethod
@@ -134,6 +135,35 @@ def resolve_run(job: Job) -> Job:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         updates["name"] = f"{model}-{data}-{job.strategy.name}-{stamp}-{secrets.token_hex(3)}"
     return job.model_copy(update={"run": job.run.model_copy(update=updates)})
+
+
+def check_run_location(job: Job) -> None:
+    """Refuse a local run directory that cannot be one, in one line: ``run.storage_dir`` or
+    ``<run.storage_dir>/<run.name>`` a file, or a folder that cannot be created or written.
+
+    Creates and touches nothing, and takes a few file-system calls, so launchers run it
+    first: before the checks that build the model and data, and before a private Ray starts.
+    Without it, rank 0's first write fails as a traceback. ``s3://`` is not checked here.
+    """
+    check_writable_dir(job.run.storage_dir, "run.storage_dir")
+    check_run_dir(job)
+
+
+def check_run_dir(job: Job) -> None:
+    """Refuse a named run whose local directory (``<run.storage_dir>/<run.name>``) is a file
+    or cannot be created or written; an existing folder (a run to resume) passes. Creates
+    and touches nothing. An unnamed run gets a fresh name of its own (``resolve_run``)."""
+    if job.run.name is None or is_remote(job.run_uri):
+        return
+    run_dir = job.run_dir
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(
+            "run.name",
+            job.run.name,
+            f"the run's directory {run_dir} is a file, not a folder; choose another run.name "
+            "or move that file away",
+        )
+    check_writable_dir(str(run_dir), "run.name", job.run.name)
 
 
 def check_local_gpus(job: Job, workers_on_this_node: int) -> None:

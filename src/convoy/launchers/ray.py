@@ -33,6 +33,7 @@ from convoy.launchers.base import (
     Launcher,
     RunResult,
     WorkerEntry,
+    check_run_location,
     check_shared_storage,
 )
 from convoy.launchers.ray_local import (
@@ -406,7 +407,9 @@ class RayLauncher(Launcher):
         """As every launcher's, with Ray joined or started while the job is checked: each
         takes seconds (starting a private Ray, 4-5 s here; the checks import torch and build
         the model and data), and neither needs the other. A bad job still fails before any
-        worker starts, and with its own error even when Ray fails too."""
+        worker starts, and with its own error even when Ray fails too. Where the run writes
+        is checked first, before Ray starts: it takes a few file-system calls."""
+        check_run_location(job)
         ray = import_ray()
         with ThreadPoolExecutor(1, thread_name_prefix="convoy-check") as pool:
             checking = pool.submit(self.check, job, entry)

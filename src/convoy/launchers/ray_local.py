@@ -8,13 +8,15 @@ Four rules follow from what went wrong there:
   address file and its GCS answers within seconds, at that exact address. A dead address is
   said in one line and a private Ray is started instead. Never ``ray.init("auto")``, which
   joins any Ray it finds running here, another run's private one included.
-- **A private Ray is private.** It lives in its own temp folder (``/tmp/ray/convoy-<pid>-<id>``),
-  so it writes no address file another process could find, and its logs, which the run names,
-  are its own.
+- **A private Ray is private.** It lives in its own temp folder (``/tmp/ray/cv<id>``,
+  ``convoy.launchers.ray_folder``), so it writes no address file another process could find,
+  and its logs, which the run names, are its own.
 - **Start on a busy machine.** Ray's fixed start-up waits (60 s for the dashboard and for a
   worker process to register) become ``scaling.ray.start_timeout_s``, and a failed start is
-  retried within that bound. The dashboard starts only for callers that need its state API
-  (``convoy tune``); if it cannot start, the run goes on and says what that costs.
+  retried within that bound; one that would fail the same way again (a folder Ray may not
+  write, a ``RAY_TMPDIR`` too long for Ray's socket paths) is said at once. The dashboard
+  starts only for callers that need its state API (``convoy tune``); if it cannot start, the
+  run goes on and says what that costs.
 - **Quiet.** The terminal shows what the train workers (and Tune's trials) print, and the
   controller's lines saying where the workers are; Ray's other lines (the controller's
   requests, the autoscaler's, retries and their tracebacks) go to a log file.
@@ -26,7 +28,7 @@ import contextlib
 import logging
 import os
 import re
-import secrets
+import shutil
 import socket
 import threading
 import time
@@ -36,7 +38,13 @@ from typing import Any, TextIO
 
 from convoy.config import Job, RayLauncherConfig
 from convoy.distributed import free_port
-from convoy.errors import LaunchError
+from convoy.errors import ConvoyError, LaunchError
+from convoy.launchers.ray_folder import (
+    make_private_folder,
+    private_folder_name,
+    private_ray_root,
+    socket_path_problem,
+)
 
 # Ray Train's controller polls its workers every 2 s by default, so a finished run waits up to
 # that long before fit() returns; 0.5 s keeps that wait short without the controller polling
@@ -161,44 +169,28 @@ def start_private_ray(
     after a Ray Train run is stopped (``convoy tune``): Ray Train's placement-group cleaner
     needs its state API. A plain run stops its Ray at the end, which frees everything.
     ``metrics``: keep Ray's metrics collection (``monitor.prometheus`` exports through it).
+    A ``RAY_TMPDIR`` too long for Ray's socket paths, and a failure that trying again cannot
+    mend, end at once in one line; a failed attempt leaves no folder behind.
     """
+    root = private_ray_root()
+    # Every attempt's folder has a name of the same length: one check covers them all.
+    problem = socket_path_problem(str(root / private_folder_name()), os.getpid(), state_api)
+    if problem:
+        raise LaunchError(problem)
     deadline = time.monotonic() + settings.start_timeout_s
-    for key in STARTUP_WAIT_VARIABLES:
-        os.environ.setdefault(key, str(int(settings.start_timeout_s)))
-    for key, value in EMBEDDED_RAY_ENV.items():
-        os.environ.setdefault(key, value)
-    # Every Ray process (the train workers too) records and exports its metrics every few
-    # seconds for the dashboard's Prometheus endpoint, which nothing reads in a run without
-    # monitor.prometheus: steady step 1.048x torchrun's with it, 1.007x without
-    # (benchmarks/launcher_overhead_cpu_2026-11-26.md). Set while this Ray starts (its
-    # processes keep it), not after: a later private Ray in this process may want metrics.
-    metrics_env = {} if metrics else {"RAY_enable_metrics_collection": "0"}
-    private_env = {PRIVATE_RAY_VARIABLE: "1", **metrics_env}
-    # Ray starts its workers at nice 15; at the user's priority they compete with torchrun's.
-    os.environ.setdefault("RAY_worker_niceness", str(worker_niceness(settings)))
+    private_env = private_ray_environment(settings, metrics)
     while True:
         try:
-            with (
-                environment(private_env),
-                private_temp_dir() as temp_dir,
-                state_api_pinned(state_api) as dashboard_port,
-                silenced("ray._private.services"),  # its 20-line dump of a failed dashboard
-            ):
-                ray.init(
-                    num_cpus=os.cpu_count(),
-                    resources=resources or None,
-                    # None, not True: a dashboard that cannot start is said, not fatal.
-                    include_dashboard=None if state_api else False,
-                    dashboard_host="127.0.0.1",
-                    dashboard_port=dashboard_port,
-                    _temp_dir=temp_dir,
-                    logging_config=ray.LoggingConfig(log_level="ERROR"),
-                )
+            with environment(private_env):
+                start_once(ray, root, resources, state_api)
             break
         except Exception as exc:
-            with contextlib.suppress(Exception):
-                ray.shutdown()
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+            if not worth_retrying(exc):
+                raise LaunchError(
+                    f"the embedded Ray could not start ({first}); trying again would fail the "
+                    "same way"
+                ) from None
             if time.monotonic() >= deadline:
                 raise LaunchError(
                     f"scaling.ray.start_timeout_s: the embedded Ray did not start within "
@@ -216,6 +208,66 @@ def start_private_ray(
             flush=True,
         )
     print(f"convoy: started a private Ray for this run; {ray_logs_note(ray)}", flush=True)
+
+
+def private_ray_environment(settings: RayLauncherConfig, metrics: bool) -> dict[str, str]:
+    """Set a private Ray's settings in this process's environment, where the user has not
+    (Ray's processes inherit them); returns those to set only while it starts."""
+    for key in STARTUP_WAIT_VARIABLES:
+        os.environ.setdefault(key, str(int(settings.start_timeout_s)))
+    for key, value in EMBEDDED_RAY_ENV.items():
+        os.environ.setdefault(key, value)
+    # Ray starts its workers at nice 15; at the user's priority they compete with torchrun's.
+    os.environ.setdefault("RAY_worker_niceness", str(worker_niceness(settings)))
+    # Every Ray process (the train workers too) records and exports its metrics every few
+    # seconds for the dashboard's Prometheus endpoint, which nothing reads in a run without
+    # monitor.prometheus: steady step 1.048x torchrun's with it, 1.007x without
+    # (benchmarks/launcher_overhead_cpu_2026-11-26.md). Set while this Ray starts (its
+    # processes keep it), not after: a later private Ray in this process may want metrics.
+    metrics_env = {} if metrics else {"RAY_enable_metrics_collection": "0"}
+    return {PRIVATE_RAY_VARIABLE: "1", **metrics_env}
+
+
+def start_once(ray: Any, root: Path, resources: dict[str, float] | None, state_api: bool) -> None:
+    """One attempt to start a private Ray in a new folder under ``root``. A failed attempt
+    stops what it started and removes its folder (Ray's logs of it included: the error is
+    said, and the next attempt makes its own), then raises Ray's error."""
+    temp_dir = make_private_folder(root)
+    try:
+        with (
+            state_api_pinned(state_api) as dashboard_port,
+            silenced("ray._private.services"),  # its 20-line dump of a failed dashboard
+        ):
+            ray.init(
+                num_cpus=os.cpu_count(),
+                resources=resources or None,
+                # None, not True: a dashboard that cannot start is said, not fatal.
+                include_dashboard=None if state_api else False,
+                dashboard_host="127.0.0.1",
+                dashboard_port=dashboard_port,
+                _temp_dir=str(temp_dir),
+                logging_config=ray.LoggingConfig(log_level="ERROR"),
+            )
+    except Exception:
+        with contextlib.suppress(Exception):
+            ray.shutdown()
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        raise
+
+
+# Ray's start-up errors that come back the same on every attempt: arguments of a wrong type,
+# a folder it may not write, and its check of a Unix socket path's length
+# (validate_socket_filepath). Any other error may be a busy machine's, and is retried.
+DETERMINISTIC_ERRORS = (TypeError, PermissionError, ConvoyError)
+SOCKET_PATH_ERROR = "AF_UNIX path length"
+
+
+def worth_retrying(error: BaseException) -> bool:
+    """Whether another attempt to start Ray may succeed where ``error`` ended this one: a busy
+    machine's time-outs may pass; a folder Ray may not write or too long a path will not."""
+    if isinstance(error, DETERMINISTIC_ERRORS):
+        return False
+    return not (isinstance(error, OSError) and SOCKET_PATH_ERROR in str(error))
 
 
 # Set in the processes of a private Ray (its workers and Tune's trial actors inherit it).
@@ -320,16 +372,6 @@ def state_api_running(timeout: float = 5.0) -> bool:
         return exc.code != 404  # 401/403: there, behind the cluster's authentication
     except OSError:
         return False
-
-
-@contextlib.contextmanager
-def private_temp_dir() -> Iterator[str]:
-    """A temp folder of this process's own for a new Ray (Ray keeps its logs there after
-    shutdown, as it does in /tmp/ray). Short, because Ray puts Unix sockets inside it."""
-    root = Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
-    path = root / f"convoy-{os.getpid()}-{secrets.token_hex(3)}"
-    path.mkdir(parents=True, exist_ok=True)
-    yield str(path)
 
 
 @contextlib.contextmanager
