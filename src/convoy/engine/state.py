@@ -135,7 +135,9 @@ def build_state(
 
 
 def restore(job: Job, ctx: WorkerContext, state: TrainState, storage: RunStorage) -> Position:
-    """Resume from the latest committed checkpoint, if checkpointing and resume are on.
+    """Resume from the latest committed checkpoint, if checkpointing and resume are on;
+    returns where training continues. With checkpointing on, ``state.checkpoints`` is set up
+    here, resumed or not: every later save goes through it.
 
     A launcher may name the checkpoint (Ray Train's ``get_checkpoint()``); otherwise the
     latest committed one in the run directory is used, so every launcher resumes from the

@@ -41,7 +41,9 @@ from convoy.distributed import all_gather_objects, is_distributed
 from convoy.engine.events import EventBus
 from convoy.errors import ConvoyError
 
-if TYPE_CHECKING:  # for annotations only: the CLI imports this module, torch's DCP is slow to
+if TYPE_CHECKING:
+    # Annotations only: the CLI, k8s and the launchers import this module for its names, and
+    # convoy.checkpoint brings torch's distributed checkpointing (seconds to import).
     from convoy.checkpoint import CheckpointManager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
