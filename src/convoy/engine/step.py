@@ -95,11 +95,11 @@ def train_step(
         hooks.micro_step_done(outputs, targets, loss_sum.detach(), counts[i])
         total += loss_sum.detach()
     hooks.gradients_ready(model)
-    _optimizer_step(parts, grad_clip_norm)
+    _update_parameters(parts, grad_clip_norm)
     return StepResult(total if share.counts else torch.zeros_like(total), count)
 
 
-def _optimizer_step(parts: StepParts, grad_clip_norm: float | None) -> None:
+def _update_parameters(parts: StepParts, grad_clip_norm: float | None) -> None:
     """Clip (on unscaled gradients), step, drop the gradients, step the LR schedule."""
     scaler = parts.precision.scaler
     if grad_clip_norm is not None:

@@ -14,6 +14,10 @@ none repeated.
 
 Handlers are installed only in a process's main thread (where Python delivers signals): the
 local launcher's process and torchrun's workers. A second Ctrl-C interrupts at once.
+
+What the loop does with an agreed notice is decided here too (``stop_after_step``): save the
+step or not (a deadline too close for a save falls back to the last checkpoint; rank 0 judges
+for all), or, under relaxed collectives, let rank 0 save alone; then say so and raise.
 """
 
 from __future__ import annotations
@@ -28,13 +32,19 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
 import torch
 import torch.distributed as dist
 
-from convoy.distributed import is_distributed
+from convoy.distributed import all_gather_objects, is_distributed
+from convoy.engine.events import EventBus
 from convoy.errors import ConvoyError
+
+if TYPE_CHECKING:
+    # Annotations only: the CLI, k8s and the launchers import this module for its names, and
+    # convoy.checkpoint brings torch's distributed checkpointing (seconds to import).
+    from convoy.checkpoint import CheckpointManager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 """What a stop request arrives as: SIGTERM (Kubernetes, torchrun's agent, spot notices
@@ -285,3 +295,131 @@ def describe(notice: StopNotice) -> str:
     if notice.source.startswith("a stop requested"):
         return notice.source
     return f"{notice.source} {time.time() - notice.received_at:.1f} s ago"
+
+
+class StoppingRun(Protocol):
+    """What stopping after a step reads of the loop's state (``TrainState``), and how it saves
+    the step just finished."""
+
+    rank: int
+    step: int
+    last_saved_step: int
+    checkpoints: CheckpointManager | None
+    stop: StopWatch
+    events: EventBus
+
+    def save_checkpoint(
+        self,
+        epoch: int,
+        steps_per_epoch: int,
+        metrics: dict[str, float] | None = None,
+        asynchronous: bool = False,
+        alone: bool = False,
+    ) -> None: ...
+
+
+def stop_after_step(
+    run: StoppingRun,
+    epoch: int,
+    steps_per_epoch: int,
+    notice: StopNotice,
+    checkpoint_name: Callable[[int], str],
+) -> NoReturn:
+    """Save the step just finished (unless it is saved, or the notice leaves too little time
+    to save it whole) and stop with ``StopRequested``. ``checkpoint_name``: what a step's
+    checkpoint is called (``convoy.checkpoint.checkpoint_name``, passed in so that this module
+    stays light to import)."""
+    latest = run.last_saved_step if run.last_saved_step >= 0 else None
+    notice = run.stop.confirm(notice)
+    if notice.relaxed:
+        _save_without_the_preempted(run, epoch, steps_per_epoch, notice, latest, checkpoint_name)
+    notice, too_late = _judge_notice(run, notice)
+    started = time.perf_counter()
+    if run.checkpoints is None:
+        saved = (
+            "checkpointing is off (neither checkpoint.every_steps nor every_epochs is set), "
+            "so nothing was saved"
+        )
+    elif too_late:
+        since = (
+            f"the same command resumes from {checkpoint_name(latest)}, the last checkpoint"
+            if latest is not None
+            else "no checkpoint was saved before it, so the same command starts again"
+        )
+        saved = f"not saved: {too_late}; {since} (a partial save is never loaded)"
+    else:
+        run.save_checkpoint(epoch, steps_per_epoch)
+        run.checkpoints.wait()
+        left = notice.seconds_left()
+        margin = f", {_seconds(left)} before the deadline" if left is not None else ""
+        saved = (
+            f"checkpoint {checkpoint_name(run.step)} committed in "
+            f"{_seconds(time.perf_counter() - started)}{margin}; the same command resumes from it"
+        )
+    message = f"stopped on {describe(notice)} after step {run.step}: {saved}"
+    run.events.message(f"convoy: {message}")
+    resumable = run.checkpoints is not None and (not too_late or latest is not None)
+    raise StopRequested(message, saved=resumable, shown=True, notice=notice)
+
+
+def _save_without_the_preempted(
+    run: StoppingRun,
+    epoch: int,
+    steps_per_epoch: int,
+    notice: StopNotice,
+    latest: int | None,
+    checkpoint_name: Callable[[int], str],
+) -> NoReturn:
+    """Relaxed collectives (ddp under Ray): rank 0 saves the whole state alone, without a
+    collective; the other ranks that stay report the checkpoint once it is committed (Ray's
+    report barrier then waits for them only); the preempted ranks do nothing. None of it
+    waits for a rank that may already be gone."""
+    checkpoints = run.checkpoints
+    name = checkpoint_name(run.step)
+    already = run.last_saved_step == run.step  # saved (and reported) by its own cadence
+    if run.rank == 0:
+        saved = "checkpointing is off, so nothing was saved"
+        if checkpoints is not None:
+            started = time.perf_counter()
+            run.events.message(
+                f"convoy: {notice.source} (ranks {list(notice.preempted_ranks)}): rank 0 saves "
+                f"step {run.step} without waiting for them (relaxed collectives)"
+            )
+            too_late = _too_late(run, notice)
+            if too_late:
+                since = checkpoint_name(latest) if latest is not None else "the start"
+                saved = f"not saved: {too_late}; the restart resumes from {since}"
+            else:
+                run.save_checkpoint(epoch, steps_per_epoch, alone=True)
+                saved = (
+                    f"checkpoint {name} committed by rank 0 alone in "
+                    f"{_seconds(time.perf_counter() - started)} (relaxed collectives)"
+                )
+        run.events.message(f"convoy: stopped on {describe(notice)} after step {run.step}: {saved}")
+    elif checkpoints is not None and not already and run.rank not in notice.preempted_ranks:
+        checkpoints.report_once_committed(name, notice.deadline)
+    raise StopRequested(f"stopped on {describe(notice)}", shown=True, notice=notice)
+
+
+def _too_late(run: StoppingRun, notice: StopNotice) -> str | None:
+    """Why this rank's save would not finish before the deadline, or None."""
+    left = notice.seconds_left()
+    needed = run.checkpoints.save_seconds if run.checkpoints is not None else None
+    if run.last_saved_step == run.step or left is None or needed is None or left >= needed:
+        return None
+    return f"{_seconds(max(left, 0.0))} were left and the last save took {_seconds(needed)}"
+
+
+def _judge_notice(run: StoppingRun, notice: StopNotice) -> tuple[StopNotice, str | None]:
+    """The notice as the rank that got it sent it (the others know only its deadline), and
+    why a save would not finish before that deadline, or None when it would or nobody knows.
+    Rank 0 judges for all (every rank saves or none does); one gather, once per run."""
+    verdict = _too_late(run, notice)
+    own = None if notice.source.startswith("a stop requested") else notice
+    gathered = all_gather_objects((own, verdict))
+    sent = next((n for n, _ in gathered if n is not None), notice)
+    return dataclasses.replace(sent, deadline=notice.deadline), gathered[0][1]
+
+
+def _seconds(value: float) -> str:
+    return f"{value:.3f} s" if value < 1 else f"{value:.1f} s"
