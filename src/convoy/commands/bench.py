@@ -8,6 +8,7 @@ import sys
 import textwrap
 from typing import Any
 
+from convoy.commands.common import add_recipe_args
 from convoy.config import STRATEGY_NAMES
 
 ALLREDUCE_EXAMPLES = """\
@@ -68,8 +69,6 @@ def add_parser(commands: Any) -> None:
 
 
 def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
-    from convoy.cli import _add_recipe_args
-
     allreduce = actions.add_parser(
         "allreduce",
         help="all-reduce bus bandwidth over a size sweep (nccl-tests' rows)",
@@ -80,7 +79,7 @@ def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
         epilog=ALLREDUCE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_recipe_args(allreduce)
+    add_recipe_args(allreduce)
     allreduce.add_argument("--min-bytes", default="8", help="smallest size (default 8)")
     allreduce.add_argument("--max-bytes", default="32M", help="largest size (default 32M)")
     allreduce.add_argument("--factor", default="2", help="size multiplier, >= 2 (default 2)")
@@ -98,8 +97,6 @@ def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
 
 
 def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
-    from convoy.cli import _add_recipe_args
-
     scaling = actions.add_parser(
         "scaling",
         help="throughput and scaling efficiency of a recipe at several world sizes",
@@ -109,7 +106,7 @@ def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
         epilog=SCALING_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_recipe_args(scaling)
+    add_recipe_args(scaling)
     scaling.add_argument(
         "--workers", metavar="N,N,...", default="1,2,4", help="world sizes (default 1,2,4)"
     )
@@ -133,8 +130,6 @@ def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
 
 
 def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
-    from convoy.cli import _add_recipe_args
-
     compare = actions.add_parser(
         "compare",
         help="the strategies like for like on one recipe (+ac, +compile, +tpN layouts too)",
@@ -149,7 +144,7 @@ def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
         epilog=COMPARE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_recipe_args(compare)
+    add_recipe_args(compare)
     every = ",".join(STRATEGY_NAMES)
     compare.add_argument("--strategies", default=every, help=f"default {every}")
     compare.add_argument(

@@ -7,7 +7,7 @@ import argparse
 import json
 from typing import Any
 
-from convoy.commands import add_override_arg
+from convoy.commands.common import add_override_arg
 from convoy.config import STRATEGY_NAMES
 
 EXAMPLES = """\
