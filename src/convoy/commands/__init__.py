@@ -6,7 +6,8 @@ Each command module has ``add_parser(commands)``, which adds its sub-command to 
 sub-parsers ``commands`` and sets ``handler`` (``args -> exit code``) on every leaf parser
 with ``parser.set_defaults``. :mod:`convoy.cli` builds the parser from the list of command
 modules and calls ``args.handler(args)``; it turns Convoy's errors into one line and an exit
-code. The handlers import the features they run (Ray, Kubernetes, the benchmarks, the
-exporter) inside their bodies, so that ``convoy --help`` and ``import convoy.cli`` stay fast
-and need none of the optional extras.
+code. A command module imports what it runs at its top, except the few modules whose import
+would slow every ``convoy`` invocation by seconds (preflight and the built-in tasks, which load
+torchmetrics; the exporter; ``plan --check``): those are imported inside the handler that needs
+them, with a comment saying why. No module here imports ``convoy.cli``.
 """

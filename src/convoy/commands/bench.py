@@ -8,6 +8,9 @@ import sys
 import textwrap
 from typing import Any
 
+from convoy.bench import allreduce, compare, scaling
+from convoy.bench.common import bench_name, bench_storage, load_job_without_data
+from convoy.bench.plots import check_plot_path, pyplot
 from convoy.commands.common import add_recipe_args
 from convoy.config import STRATEGY_NAMES
 
@@ -185,8 +188,6 @@ def _check_plot(args: argparse.Namespace) -> None:
     matplotlib, a path that is a directory or has no image suffix, a folder that cannot be
     made (a missing folder is created)."""
     if args.plot:
-        from convoy.bench.plots import check_plot_path, pyplot
-
         pyplot()
         check_plot_path(args.plot)
 
@@ -201,9 +202,6 @@ def _plotted(args: argparse.Namespace, path: str) -> None:
 
 
 def cmd_allreduce(args: argparse.Namespace) -> int:
-    from convoy.bench import allreduce
-    from convoy.bench.common import bench_name, bench_storage, load_job_without_data
-
     sweep = allreduce.make_sweep(
         args.min_bytes, args.max_bytes, args.factor, args.iters, args.warmup, args.dtype
     )
@@ -224,14 +222,10 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 
 
 def cmd_scaling(args: argparse.Namespace) -> int:
-    from convoy.bench import scaling
-
     return _plan_run_report(args, scaling.make_plan, scaling.run_scaling, scaling)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from convoy.bench import compare
-
     return _plan_run_report(args, compare.make_plan, compare.run_compare, compare)
 
 

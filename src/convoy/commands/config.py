@@ -25,6 +25,7 @@ def add_parser(commands: Any) -> None:
 
 def show(args: argparse.Namespace) -> int:
     """Print the recipe as preflight resolved it."""
+    # Heavy (preflight loads the tasks and torchmetrics): imported only when the command runs.
     from convoy.preflight import preflight
 
     print(job_to_yaml(preflight(load_job(args.recipe, args.override))), end="")

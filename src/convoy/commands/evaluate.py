@@ -27,6 +27,7 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Print measured and recorded metrics side by side."""
+    # Heavy (the exporter loads torch.distributed's checkpoint stack): imported only here.
     from convoy.export import MODEL_FILE, evaluate_exported
 
     export_dir = Path(args.export)

@@ -7,6 +7,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from convoy.storage import is_remote
+
 
 def add_parser(commands: Any) -> None:
     """Add the ``export`` sub-command to ``convoy``'s sub-parsers."""
@@ -33,8 +35,8 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Export the chosen (default: latest) checkpoint and say where it went."""
+    # Heavy (the exporter loads torch.distributed's checkpoint stack): imported only here.
     from convoy.export import export_checkpoint, find_checkpoint
-    from convoy.storage import is_remote
 
     checkpoint = find_checkpoint(args.run, args.checkpoint)
     if args.out:

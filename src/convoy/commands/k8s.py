@@ -13,8 +13,18 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+import yaml
+
 from convoy.commands.common import add_override_arg
 from convoy.config import load_job
+from convoy.k8s import K8sError, control
+from convoy.k8s.client import BY_KIND, KubeApi
+from convoy.k8s.configmap import recipe_job
+from convoy.k8s.grace import grace_warnings
+from convoy.k8s.render import render as render_job
+from convoy.k8s.render import to_yaml
+from convoy.k8s.validate import check_manifests
+from convoy.launchers.ray_preemption import drain_this_node
 
 EXAMPLES = """\
 examples:
@@ -161,9 +171,6 @@ def _add_cluster_args(parser: argparse.ArgumentParser, namespace: bool = True) -
 
 def render(args: argparse.Namespace) -> int:
     """Print (or write to --out) the checked manifests of a recipe."""
-    from convoy.k8s.render import to_yaml
-    from convoy.k8s.validate import check_manifests
-
     manifests = _manifests(args)
     check_manifests(manifests)
     text = to_yaml(manifests)
@@ -174,17 +181,12 @@ def render(args: argparse.Namespace) -> int:
         with open(args.out, "w") as handle:
             handle.write(text)
     except OSError as exc:
-        from convoy.k8s import K8sError
-
         raise K8sError(f"--out {args.out}: cannot write it ({exc.strerror or exc})") from None
     return 0
 
 
 def validate(args: argparse.Namespace) -> int:
     """Check a file of manifests without a cluster; warn of short grace periods."""
-    from convoy.k8s import K8sError
-    from convoy.k8s.validate import check_manifests
-
     manifests = _read_manifests(args.file)
     if not manifests:
         raise K8sError(f"{args.file}: no manifests (the file holds no YAML documents)")
@@ -199,18 +201,12 @@ def validate(args: argparse.Namespace) -> int:
 
 def drain_node(args: argparse.Namespace) -> int:
     """Drain this pod's Ray node as a preemption (a preStop hook)."""
-    from convoy.launchers.ray_preemption import drain_this_node
-
     drain_this_node(args.deadline_s, args.address, wait=not args.no_wait)
     return 0
 
 
 def submit(args: argparse.Namespace) -> int:
     """Create the workload; with --watch, follow it: 0 on success, 1 on failure."""
-    from convoy.k8s import control
-    from convoy.k8s.client import BY_KIND, KubeApi
-    from convoy.k8s.validate import check_manifests
-
     manifests = _manifests(args)
     check_manifests(manifests)  # before connecting: a typo needs no cluster to report
     api = KubeApi.connect(args.kubeconfig, args.context)
@@ -227,9 +223,6 @@ def submit(args: argparse.Namespace) -> int:
 
 def gc(args: argparse.Namespace) -> int:
     """Delete (or, --dry-run, list) what Convoy's runs left behind in the namespace."""
-    from convoy.k8s import control
-    from convoy.k8s.client import KubeApi
-
     api = KubeApi.connect(args.kubeconfig, args.context)
     found = control.gc(api, args.namespace, grace_s=args.grace, dry_run=args.dry_run)
     for item in found:
@@ -241,8 +234,6 @@ def gc(args: argparse.Namespace) -> int:
 
 def status(args: argparse.Namespace) -> int:
     """Print a workload's state; with --watch, follow it: 0 on success, 1 on failure."""
-    from convoy.k8s import control
-
     api, resource = _connect_to_workload(args)
     if not args.watch:
         _print_state(control.state(api, resource, args.namespace, args.name))
@@ -255,8 +246,6 @@ def status(args: argparse.Namespace) -> int:
 
 def logs(args: argparse.Namespace) -> int:
     """Print a RayJob submitter's logs."""
-    from convoy.k8s import control
-
     api, resource = _connect_to_workload(args)
     print(control.logs(api, resource, args.namespace, args.name, args.tail), end="")
     return 0
@@ -264,8 +253,6 @@ def logs(args: argparse.Namespace) -> int:
 
 def delete(args: argparse.Namespace) -> int:
     """Delete a workload and its recipe ConfigMap; print what went."""
-    from convoy.k8s import control
-
     api, resource = _connect_to_workload(args)
     for line in control.delete(api, resource, args.namespace, args.name):
         print(f"deleted {line}")
@@ -286,8 +273,6 @@ HANDLERS: dict[str, Callable[[argparse.Namespace], int]] = {
 
 def _connect_to_workload(args: argparse.Namespace) -> tuple[Any, Any]:
     """The API and the resource (RayJob, RayCluster or PyTorchJob) that --kind names."""
-    from convoy.k8s.client import BY_KIND, KubeApi
-
     api = KubeApi.connect(args.kubeconfig, args.context)
     resource = BY_KIND[
         {"rayjob": "RayJob", "raycluster": "RayCluster"}.get(args.kind, "PyTorchJob")
@@ -301,9 +286,6 @@ def _print_state(state: Any) -> None:
 
 def _grace_warnings(manifests: list[Any]) -> list[str]:
     """Pods whose grace period is shorter than their run's last measured save."""
-    from convoy.k8s.configmap import recipe_job
-    from convoy.k8s.grace import grace_warnings
-
     recipes = [
         text
         for m in manifests
@@ -315,10 +297,6 @@ def _grace_warnings(manifests: list[Any]) -> list[str]:
 
 def _read_manifests(path: str) -> list[Any]:
     """The YAML documents of ``path`` ('-': standard input); one-line errors."""
-    import yaml
-
-    from convoy.k8s import K8sError
-
     try:
         if path == "-":
             text = sys.stdin.read()
@@ -337,11 +315,6 @@ def _read_manifests(path: str) -> list[Any]:
 
 def _manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
     """Render the recipe, or read a file of manifests (anything with an apiVersion)."""
-    import yaml
-
-    from convoy.k8s import K8sError
-    from convoy.k8s.render import render as render_job
-
     if args.recipe:
         try:
             with open(args.recipe) as handle:

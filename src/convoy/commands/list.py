@@ -5,6 +5,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from convoy.config import STRATEGY_NAMES
+from convoy.data.registry import DATASETS
+from convoy.launchers import LAUNCHER_NAMES
+from convoy.models.registry import MODELS
+
 
 def add_parser(commands: Any) -> None:
     """Add the ``list`` sub-command to ``convoy``'s sub-parsers."""
@@ -18,10 +23,7 @@ def add_parser(commands: Any) -> None:
 
 def run(_: argparse.Namespace) -> int:
     """Print one line per registry."""
-    from convoy.config import STRATEGY_NAMES
-    from convoy.data.registry import DATASETS
-    from convoy.launchers import LAUNCHER_NAMES
-    from convoy.models.registry import MODELS
+    # Heavy (the built-in tasks load torchmetrics): imported only when the command runs.
     from convoy.tasks import TASKS
 
     print("tasks:      " + ", ".join(TASKS) + "  (or package.module:Class)")

@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from convoy.config import layout_name
+from convoy.engine.flops import format_flops, format_throughput
 from convoy.engine.progress import PERCENT_METRICS
 
 # Metrics that count things: shown as integers, after the other columns.
@@ -87,8 +88,6 @@ def throughput_line(summary: dict[str, Any]) -> str:
     flops = summary.get("flops_per_sample")
     if flops is None or summary.get("tflops_per_second") is None:
         return ""
-    from convoy.engine.flops import format_flops, format_throughput
-
     device = summary.get("device_name", "cpu")
     text = format_throughput(summary["tflops_per_second"], summary.get("mfu"), device == "cpu")
     if summary.get("steady_tflops_per_second") is not None:

@@ -6,9 +6,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+import convoy
 from convoy.commands.common import EXAMPLES, add_recipe_args
 from convoy.commands.summary_lines import format_summary
 from convoy.config import Job, load_job
+from convoy.engine.schedule import peak_lr
 
 
 def add_parser(commands: Any) -> None:
@@ -27,8 +29,6 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Say the optimizer first, train, then print the summary table."""
-    import convoy
-
     job = load_job(args.recipe, args.override)
     print(optimizer_line(job), flush=True)  # before any launcher output
     result = convoy.train(job)
@@ -41,8 +41,6 @@ def optimizer_line(job: Job) -> str:
     which of their fields the recipe left to their defaults."""
     if job.lightning.enabled:
         return f"convoy: optimizer and schedule from {job.lightning.module}.configure_optimizers"
-    from convoy.engine.schedule import peak_lr
-
     cfg = job.optim
     shown: dict[str, Any] = {"lr": peak_lr(cfg, job.data.batch_size), **cfg.hyperparameters}
     if cfg.scale_lr_base_batch is not None:
