@@ -87,7 +87,7 @@ def test_throughput_text_never_invents_a_peak() -> None:
 
 
 def test_a_small_models_rate_reads_as_a_number() -> None:
-    from convoy.cli import _throughput_line
+    from convoy.commands.summary_lines import throughput_line
     from convoy.engine.flops import format_flops
 
     # digits_mlp on CPU: 0.0014 TFLOP/s used to print as "0.00 TFLOP/s".
@@ -95,14 +95,14 @@ def test_a_small_models_rate_reads_as_a_number() -> None:
     assert format_flops(138752.0, "FLOP/sample") == "0.14 MFLOP/sample"
     assert format_flops(5.76e9, "FLOP/sample") == "5.76 GFLOP/sample"
     assert format_flops(12.0) == "12.00 FLOP/s"
-    line = _throughput_line(
+    line = throughput_line(
         {"flops_per_sample": 138752.0, "tflops_per_second": 0.00136, "device_name": "cpu"}
     )
     assert line == "compute: 0.14 MFLOP/sample | 1.36 GFLOP/s (cpu)"
 
 
 def test_the_summary_names_the_steady_rate_and_the_whole_runs() -> None:
-    from convoy.cli import _rates_line, _throughput_line
+    from convoy.commands.summary_lines import rates_line, throughput_line
 
     summary = {
         "samples_per_second": 216.0,
@@ -117,12 +117,12 @@ def test_the_summary_names_the_steady_rate_and_the_whole_runs() -> None:
         "peak_flops_per_device": 989e12,
         "device_name": "NVIDIA H100 80GB HBM3",
     }
-    assert _rates_line(summary) == [
+    assert rates_line(summary) == [
         "steady 275,600 tokens/s (median step) | whole run 221,000 tokens/s"
     ]
-    assert _throughput_line(summary) == (
+    assert throughput_line(summary) == (
         "compute: 0.88 TFLOP/sample | steady 235.40 TFLOP/s MFU 23.8% | whole run 189.00 "
         "TFLOP/s MFU 19.1% of 989 TFLOP/s per device (NVIDIA H100 80GB HBM3)"
     )
     # A run without steady figures (Lightning's) shows the whole run's rate alone.
-    assert _rates_line({"samples_per_second": 100.0}) == ["whole run 100 samples/s"]
+    assert rates_line({"samples_per_second": 100.0}) == ["whole run 100 samples/s"]

@@ -215,7 +215,7 @@ def test_launch_refuses_before_any_worker_and_the_cli_exits_2(
 
 
 def test_the_train_summary_prints_the_names_the_module_logged() -> None:
-    from convoy.cli import format_summary
+    from convoy.commands.summary_lines import format_summary
 
     summary = {
         "metrics": {"val_loss": 0.5, "val_acc": 0.875, "test_acc": 0.9},
@@ -241,11 +241,11 @@ def test_the_train_summary_prints_the_names_the_module_logged() -> None:
 
 
 def test_the_summary_shows_the_first_batch_apart_where_it_weighs() -> None:
-    from convoy.cli import _data_wait
+    from convoy.commands.summary_lines import data_wait
 
     summary = {"data_wait_fraction": 0.2, "first_batch_seconds": 2.8}
-    assert _data_wait({**summary, "data_wait_fraction_after_first": 0.012}) == (
+    assert data_wait({**summary, "data_wait_fraction_after_first": 0.012}) == (
         "20.0% (1.2% after the first batch, which took 2.80 s)"
     )
-    assert _data_wait({**summary, "data_wait_fraction_after_first": 0.195}) == "20.0%"
-    assert _data_wait({"data_wait_fraction": 0.2}) == "20.0%"  # a summary from before
+    assert data_wait({**summary, "data_wait_fraction_after_first": 0.195}) == "20.0%"
+    assert data_wait({"data_wait_fraction": 0.2}) == "20.0%"  # a summary from before

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 import torch
 
-from convoy.cli import main, optimizer_line
+from convoy.cli import main
+from convoy.commands.train import optimizer_line
 from convoy.config import (
     TORCH_DEFAULTS,
     OptimConfig,

@@ -1,42 +1,13 @@
-"""Command-line glue for the commands that live beside their feature: ``bench``, ``plan``,
-``report``.
+"""One module per ``convoy`` command: train, config, export, evaluate, list, data, k8s, bench,
+plan, report, tune. Shared argument helpers live in :mod:`convoy.commands.common`; the table
+``convoy train`` prints at the end in :mod:`convoy.commands.summary_lines`.
 
-Each module here has ``add_parser(commands)``, which adds its sub-command and sets
-``handler`` (``args -> exit code``) with ``parser.set_defaults``. ``convoy.cli`` registers
-them and dispatches on ``args.handler``; heavy imports stay inside the handlers so that
-``convoy --help`` stays fast.
+Each command module has ``add_parser(commands)``, which adds its sub-command to the
+sub-parsers ``commands`` and sets ``handler`` (``args -> exit code``) on every leaf parser
+with ``parser.set_defaults``. :mod:`convoy.cli` builds the parser from the list of command
+modules and calls ``args.handler(args)``; it turns Convoy's errors into one line and an exit
+code. A command module imports what it runs at its top, except the few modules whose import
+would slow every ``convoy`` invocation by seconds (preflight and the built-in tasks, which load
+torchmetrics; the exporter; ``plan --check``): those are imported inside the handler that needs
+them, with a comment saying why. No module here imports ``convoy.cli``.
 """
-
-from __future__ import annotations
-
-import argparse
-from typing import Any
-
-COMMAND_MODULES = ("bench", "plan", "report", "tune")
-
-
-def add_parsers(commands: Any) -> None:
-    """Add every command module's sub-command (a module not written yet is skipped)."""
-    import importlib
-
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"convoy.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"convoy.commands.{name}":
-                raise
-            continue
-        module.add_parser(commands)
-
-
-def add_override_arg(parser: argparse.ArgumentParser, example: str, what: str = "") -> None:
-    """The ``-o/--override KEY=VALUE`` option every recipe-taking command has."""
-    parser.add_argument(
-        "-o",
-        "--override",
-        action="append",
-        default=[],
-        metavar="KEY=VALUE",
-        help=f"override a config field{what} by its dotted path, e.g. -o {example} "
-        "(values are parsed as YAML; repeat for several)",
-    )

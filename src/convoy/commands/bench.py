@@ -8,6 +8,10 @@ import sys
 import textwrap
 from typing import Any
 
+from convoy.bench import allreduce, compare, scaling
+from convoy.bench.common import bench_name, bench_storage, load_job_without_data
+from convoy.bench.plots import check_plot_path, pyplot
+from convoy.commands.common import add_recipe_args
 from convoy.config import STRATEGY_NAMES
 
 ALLREDUCE_EXAMPLES = """\
@@ -68,8 +72,6 @@ def add_parser(commands: Any) -> None:
 
 
 def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
-    from convoy.cli import _add_recipe_args
-
     allreduce = actions.add_parser(
         "allreduce",
         help="all-reduce bus bandwidth over a size sweep (nccl-tests' rows)",
@@ -80,7 +82,7 @@ def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
         epilog=ALLREDUCE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_recipe_args(allreduce)
+    add_recipe_args(allreduce)
     allreduce.add_argument("--min-bytes", default="8", help="smallest size (default 8)")
     allreduce.add_argument("--max-bytes", default="32M", help="largest size (default 32M)")
     allreduce.add_argument("--factor", default="2", help="size multiplier, >= 2 (default 2)")
@@ -98,8 +100,6 @@ def _add_allreduce_parser(actions: Any) -> argparse.ArgumentParser:
 
 
 def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
-    from convoy.cli import _add_recipe_args
-
     scaling = actions.add_parser(
         "scaling",
         help="throughput and scaling efficiency of a recipe at several world sizes",
@@ -109,7 +109,7 @@ def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
         epilog=SCALING_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_recipe_args(scaling)
+    add_recipe_args(scaling)
     scaling.add_argument(
         "--workers", metavar="N,N,...", default="1,2,4", help="world sizes (default 1,2,4)"
     )
@@ -133,8 +133,6 @@ def _add_scaling_parser(actions: Any) -> argparse.ArgumentParser:
 
 
 def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
-    from convoy.cli import _add_recipe_args
-
     compare = actions.add_parser(
         "compare",
         help="the strategies like for like on one recipe (+ac, +compile, +tpN layouts too)",
@@ -149,7 +147,7 @@ def _add_compare_parser(actions: Any) -> argparse.ArgumentParser:
         epilog=COMPARE_EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    _add_recipe_args(compare)
+    add_recipe_args(compare)
     every = ",".join(STRATEGY_NAMES)
     compare.add_argument("--strategies", default=every, help=f"default {every}")
     compare.add_argument(
@@ -190,8 +188,6 @@ def _check_plot(args: argparse.Namespace) -> None:
     matplotlib, a path that is a directory or has no image suffix, a folder that cannot be
     made (a missing folder is created)."""
     if args.plot:
-        from convoy.bench.plots import check_plot_path, pyplot
-
         pyplot()
         check_plot_path(args.plot)
 
@@ -206,9 +202,6 @@ def _plotted(args: argparse.Namespace, path: str) -> None:
 
 
 def cmd_allreduce(args: argparse.Namespace) -> int:
-    from convoy.bench import allreduce
-    from convoy.bench.common import bench_name, bench_storage, load_job_without_data
-
     sweep = allreduce.make_sweep(
         args.min_bytes, args.max_bytes, args.factor, args.iters, args.warmup, args.dtype
     )
@@ -229,14 +222,10 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 
 
 def cmd_scaling(args: argparse.Namespace) -> int:
-    from convoy.bench import scaling
-
     return _plan_run_report(args, scaling.make_plan, scaling.run_scaling, scaling)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from convoy.bench import compare
-
     return _plan_run_report(args, compare.make_plan, compare.run_compare, compare)
 
 

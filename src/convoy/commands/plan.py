@@ -7,8 +7,18 @@ import argparse
 import json
 from typing import Any
 
-from convoy.commands import add_override_arg
-from convoy.config import STRATEGY_NAMES
+from convoy.commands.common import add_override_arg
+from convoy.config import STRATEGY_NAMES, load_job
+from convoy.plan import (
+    Planner,
+    format_plan,
+    parse_memory,
+    parse_strategies,
+    parse_world_sizes,
+    plan_job,
+    plan_to_dict,
+    quiet_warnings,
+)
 
 EXAMPLES = """\
 examples:
@@ -65,18 +75,6 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse every flag first (a bad one is a one-line error, exit 2), then plan."""
-    from convoy.config import load_job
-    from convoy.plan import (
-        Planner,
-        format_plan,
-        parse_memory,
-        parse_strategies,
-        parse_world_sizes,
-        plan_job,
-        plan_to_dict,
-        quiet_warnings,
-    )
-
     world_sizes = parse_world_sizes(args.world_sizes)
     tp_sizes: list[int | None] = (
         [None] if args.tp_sizes is None else [*parse_world_sizes(args.tp_sizes, "--tp-sizes")]
@@ -89,6 +87,7 @@ def run(args: argparse.Namespace) -> int:
         plan = plan_job(job, strategies, world_sizes, budget, planner, tp_sizes)
         rows = None
         if args.check:
+            # Heavy (runs the tasks under torch's trackers): imported only for --check.
             from convoy.plan.check import check_layouts
 
             sizes = [layout.world_size for layout in plan.layouts]

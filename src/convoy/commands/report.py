@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
+
+from convoy.report import make_report
 
 DESCRIPTION = """\
 Plot one run, or several overlaid for comparison: loss and metric curves, learning rate,
@@ -46,10 +49,6 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Write the report and print what was left out and the paths written."""
-    from pathlib import Path
-
-    from convoy.report import make_report
-
     report, paths = make_report(args.runs, Path(args.out) if args.out else None)
     for note in report.notes:
         print(f"note: {note}")

@@ -7,7 +7,17 @@ import shlex
 import sys
 from typing import Any
 
-from convoy.commands import add_override_arg
+from convoy.commands.common import add_override_arg
+from convoy.tune.results import (
+    best_row,
+    collect_rows,
+    footer,
+    format_table,
+    write_best,
+    write_results,
+    write_sweep_report,
+)
+from convoy.tune.sweep import plan_sweep, run_sweep
 
 DESCRIPTION = """\
 Sweep any recipe field with Ray Tune over Ray Train: each trial is a normal Convoy run in
@@ -53,6 +63,23 @@ def add_parser(commands: Any) -> None:
         help="random (default; grid dims are crossed with the draws), grid (every combination "
         "of grid and choice dims), optuna (Ray Tune's OptunaSearch; pip install 'convoy[tune]')",
     )
+    _add_scheduler_args(parser)
+    parser.add_argument(
+        "--name", help="the sweep's folder under run.storage_dir (default: <recipe>-sweep-<time>)"
+    )
+    parser.add_argument(
+        "--resume", action="store_true", help="continue the interrupted sweep --name"
+    )
+    parser.add_argument(
+        "--retry-errored",
+        action="store_true",
+        help="with --resume: run failed trials again from scratch (default: keep them failed)",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _add_scheduler_args(parser: argparse.ArgumentParser) -> None:
+    """How trials are run and stopped: the scheduler, its metric, how many at once."""
     parser.add_argument(
         "--scheduler", help="asha (default: stops weak trials early) or none (every trial runs)"
     )
@@ -84,33 +111,12 @@ def add_parser(commands: Any) -> None:
         default=2.0,
         help="ASHA's halving rate: about 1 in this many trials goes on at each rung (default 2)",
     )
-    parser.add_argument(
-        "--name", help="the sweep's folder under run.storage_dir (default: <recipe>-sweep-<time>)"
-    )
-    parser.add_argument(
-        "--resume", action="store_true", help="continue the interrupted sweep --name"
-    )
-    parser.add_argument(
-        "--retry-errored",
-        action="store_true",
-        help="with --resume: run failed trials again from scratch (default: keep them failed)",
-    )
-    parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
     """Check everything, run the sweep, print the ranked table and write the outputs."""
+    # Heavy (preflight loads the tasks and torchmetrics): imported only when the command runs.
     from convoy.preflight import resolve_tracking
-    from convoy.tune.results import (
-        best_row,
-        collect_rows,
-        footer,
-        format_table,
-        write_best,
-        write_results,
-        write_sweep_report,
-    )
-    from convoy.tune.sweep import plan_sweep, run_sweep
 
     sweep = plan_sweep(
         args.recipe,
