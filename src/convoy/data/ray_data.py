@@ -55,9 +55,9 @@ import numpy as np
 import torch
 
 from convoy.config import Job
-from convoy.data.base import SizedDataset, Splits, TensorImageDataset, augment
+from convoy.data.base import Batch, SizedDataset, Splits, TensorImageDataset, augment
 from convoy.data.encoded import EncodedImageDataset, ImageRecord, decode_record, rgb_to_tensor
-from convoy.data.loaders import Batch, WorkerData
+from convoy.data.loaders import WorkerData
 from convoy.data.parquet import (
     COLUMNS,
     check_train_labels,
