@@ -17,6 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+import pyarrow.fs as pafs
+
 from convoy.errors import ConfigError, ConvoyError
 
 REMOTE_SCHEMES = ("s3://",)
@@ -167,8 +169,6 @@ class S3Storage(RunStorage):
     """``s3://bucket/prefix`` through pyarrow's S3 file system."""
 
     def __init__(self, uri: str) -> None:
-        import pyarrow.fs as pafs
-
         self.uri = uri.rstrip("/")
         self._pafs = pafs
         try:

@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 import torch
 
 from convoy.config import Job
@@ -192,7 +193,7 @@ class ReadChunks:
     preprocess: Preprocess
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray
+        import ray  # the ray extra
 
         positions = [int(p) for p in batch["position"]]
         return concat_columns([self.preprocess(ray.get(self.chunks[p])) for p in positions])
@@ -247,7 +248,7 @@ class RayDataPlan:
 
 def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Transform]:
     """A Ray Dataset of ``rows`` of a source dataset, and how to preprocess it."""
-    import ray.data
+    import ray.data  # the ray extra
 
     if isinstance(dataset, ShardedSplit):  # streamed: one item per row group, read in tasks
         items = row_group_slices(dataset, rows)
@@ -318,7 +319,7 @@ def chunk_rows(rows: int, world_size: int) -> int:
 
 
 def _train_units(job: Job, train: SizedDataset, world_size: int) -> TrainUnits:
-    import ray
+    import ray  # the ray extra
 
     if isinstance(train, ShardedSplit):
         read = ReadRowGroups(train)
@@ -380,8 +381,7 @@ def _take(tensor: torch.Tensor, rows: RowSet) -> torch.Tensor:
 def _from_columns(columns: dict[str, np.ndarray]) -> Any:
     """A Ray Dataset of numpy columns in blocks of ``ROWS_PER_BLOCK`` rows: 1-D columns as
     plain arrays, the others as Ray's tensor extension type (one fixed-shape tensor per row)."""
-    import pyarrow as pa
-    import ray.data
+    import ray.data  # the ray extra
     from ray.data.extensions import ArrowTensorArray
 
     def arrow(values: np.ndarray) -> Any:
@@ -420,7 +420,7 @@ def cpu_shares(job: Job, pipelines: int = 1) -> tuple[float, float]:
 
 
 def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool, pipelines: int = 1) -> Any:
-    import ray.data
+    import ray.data  # the ray extra
 
     cfg = job.data.ray_data
     task_cpus, actor_cpus = cpu_shares(job, pipelines)
@@ -573,7 +573,7 @@ class RayTrainBatches(PlannedTrainBatches):
     def _read_windows(
         self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
     ) -> Iterator[Rows]:
-        import ray.data
+        import ray.data  # the ray extra
 
         if not windows:
             return
@@ -597,7 +597,7 @@ def units_dataset(
 ) -> Any:
     """A Ray Dataset of the given train units, read and preprocessed in that order; one of
     ``pipelines`` that run at once (one per train worker)."""
-    import ray.data
+    import ray.data  # the ray extra
 
     items = [units.items[p] for p in positions]
     raw = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -658,7 +658,7 @@ class RayEvalBatches:
 def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
     """This Ray Train worker's data: its train plan, and its eval chunks
     (``get_dataset_shard``)."""
-    import ray.data
+    import ray.data  # the ray extra
     import ray.train
 
     accum = job.optim.grad_accum_steps

@@ -31,9 +31,12 @@ import gzip
 import hashlib
 import math
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any, Protocol
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
@@ -110,8 +113,6 @@ def read_documents(cfg: DataConfig) -> list[str]:
 
 
 def _pydoc_topics() -> list[str]:
-    from pydoc_data.topics import topics
-
     return [topics[name] for name in sorted(topics)]
 
 
@@ -127,8 +128,6 @@ def _read_txt(path: Path) -> str:
 def check_text_column(schema: Any, column: str, where: str | Path) -> None:
     """Refuse, naming ``data.text_column``, a parquet schema without that column or where it
     is not text."""
-    import pyarrow as pa
-
     if column not in schema.names:
         raise ConfigError(
             "data.text_column",
@@ -143,8 +142,6 @@ def check_text_column(schema: Any, column: str, where: str | Path) -> None:
 
 
 def _read_parquet(path: Path, column: str) -> list[str]:
-    import pyarrow.parquet as pq
-
     check_text_column(pq.read_schema(path), column, path)
     values = pq.read_table(path, columns=[column]).column(column).to_pylist()
     if any(not isinstance(v, str) for v in values if v is not None):
@@ -231,7 +228,7 @@ class ByteTokenizer:
 
 def _tokenizers() -> Any:
     try:
-        import tokenizers
+        import tokenizers  # the text extra
     except ImportError:
         raise ConvoyError(
             missing_extra("data.tokenizer 'bpe'", "tokenizers", "text")

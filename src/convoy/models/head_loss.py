@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from convoy.imports import installed, missing_extra
 
@@ -93,8 +94,6 @@ def _autocast_on(tensor: torch.Tensor) -> bool:
 
 
 def _is_sharded(weight: torch.Tensor) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return isinstance(weight, DTensor)
 
 
@@ -102,7 +101,9 @@ def _liger(
     flat: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int
 ) -> torch.Tensor:
     # Liger is an optional extra (``pip install convoy[fused]``): Triton kernels, CUDA only.
-    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+    from liger_kernel.transformers.functional import (
+        liger_fused_linear_cross_entropy,
+    )  # the fused extra
 
     with torch.autocast(flat.device.type, enabled=False):
         loss = liger_fused_linear_cross_entropy(
