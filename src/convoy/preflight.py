@@ -18,7 +18,6 @@ import sys
 from typing import Any
 
 import torch
-from torch.distributed.tensor.parallel import SequenceParallel
 from torch.utils.data import default_collate
 
 from convoy.batches import move_to, tensors_in
@@ -33,7 +32,6 @@ from convoy.integrations.lightning_checks import check_lightning
 from convoy.models.registry import build_model, check_model
 from convoy.strategies import strategy_class
 from convoy.strategies.blocks import compiled_targets, model_blocks
-from convoy.strategies.tensor_parallel import model_plan
 from convoy.tasks import Task, build_task
 
 SAMPLE_ROWS = 2
@@ -290,6 +288,11 @@ def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> 
 def check_sequence_split(job: Job, model: torch.nn.Module, inputs: Any) -> None:
     """A plan with sequence parallelism cuts each sequence (dim 1) over the tensor-parallel
     ranks: the data's sequence length must divide evenly."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
+    from torch.distributed.tensor.parallel import SequenceParallel
+
+    from convoy.strategies.tensor_parallel import model_plan
+
     tp_size = tp_size_of(job.strategy)
     if not any(isinstance(s, SequenceParallel) for s in model_plan(model, tp_size).values()):
         return
@@ -323,6 +326,8 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
         model_blocks(model, job.strategy.activation_checkpointing)  # it has blocks to checkpoint
     tp_size = tp_size_of(job.strategy)
     if tp_size > 1:
+        from convoy.strategies.tensor_parallel import model_plan  # DTensor: 1-2 s to import
+
         model_plan(model, tp_size)  # it states a plan, and the plan splits evenly
     return model
 

@@ -17,8 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pyarrow.fs as pafs
-
 from convoy.errors import ConfigError, ConvoyError
 
 REMOTE_SCHEMES = ("s3://",)
@@ -169,6 +167,8 @@ class S3Storage(RunStorage):
     """``s3://bucket/prefix`` through pyarrow's S3 file system."""
 
     def __init__(self, uri: str) -> None:
+        import pyarrow.fs as pafs  # 0.3 s to import: only s3:// storage needs it
+
         self.uri = uri.rstrip("/")
         self._pafs = pafs
         try:

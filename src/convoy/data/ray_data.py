@@ -52,7 +52,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
 import torch
 
 from convoy.config import Job
@@ -381,7 +380,9 @@ def _take(tensor: torch.Tensor, rows: RowSet) -> torch.Tensor:
 def _from_columns(columns: dict[str, np.ndarray]) -> Any:
     """A Ray Dataset of numpy columns in blocks of ``ROWS_PER_BLOCK`` rows: 1-D columns as
     plain arrays, the others as Ray's tensor extension type (one fixed-shape tensor per row)."""
-    import ray.data  # the ray extra
+    # the ray extra (and pyarrow, 0.3 s to import, for its tensor columns)
+    import pyarrow as pa
+    import ray.data
     from ray.data.extensions import ArrowTensorArray
 
     def arrow(values: np.ndarray) -> Any:

@@ -29,9 +29,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import torch
 
 from convoy.config import DataConfig
@@ -84,6 +81,9 @@ class SeriesDecoder:
         return x, torch.from_numpy(labels.to_numpy(zero_copy_only=False).astype(np.int64))
 
     def _channel(self, column: Any, name: str, shard: str) -> np.ndarray:
+        import pyarrow as pa  # 0.3 s to import: only where parquet is read
+        import pyarrow.compute as pc
+
         if pa.types.is_fixed_size_list(column.type):  # one layout for the offsets below
             column = column.cast(pa.list_(column.type.value_type))
         if column.null_count:
@@ -145,6 +145,8 @@ def check_series_path(path: str | None) -> None:
 
 
 def _read_meta(location: str) -> dict[str, Any]:
+    import pyarrow.fs as pafs  # 0.3 s to import: only where parquet is read
+
     fs, root = open_location(location)
     path = join(root, META_FILE)
     if fs.get_file_info(path).type != pafs.FileType.File:
@@ -157,6 +159,8 @@ def _read_meta(location: str) -> dict[str, Any]:
 def _channels(cfg: DataConfig, schema: Any, meta: dict[str, Any]) -> tuple[str, ...]:
     """The channel columns: configured, series.json's, else every list column; each must be a
     list of numbers."""
+    import pyarrow as pa  # 0.3 s to import: only where parquet is read
+
     names = cfg.series_columns or meta.get("channels")
     if not names:
         names = [
@@ -202,6 +206,9 @@ def _channels(cfg: DataConfig, schema: Any, meta: dict[str, Any]) -> tuple[str, 
 
 
 def _first_length(split: ShardedSplit, channel: str) -> int:
+    import pyarrow as pa  # 0.3 s to import: only where parquet is read
+    import pyarrow.compute as pc
+
     column = split.read_table(0, [channel]).column(channel)
     if pa.types.is_fixed_size_binary(column.type):
         return int(column.type.byte_width // 4)

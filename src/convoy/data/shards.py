@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import pyarrow.fs as pafs
-import pyarrow.parquet as pq
 import torch
 
 from convoy.errors import ConfigError
@@ -41,6 +39,8 @@ Decode = Callable[[Any, str], tuple[torch.Tensor, torch.Tensor]]
 @functools.lru_cache(maxsize=8)
 def open_location(location: str) -> tuple[Any, str]:
     """(pyarrow file system, path in it) of a local folder or an ``s3://bucket/prefix``."""
+    import pyarrow.fs as pafs  # 0.3 s to import: only where parquet is read
+
     if not is_remote(location):
         return pafs.LocalFileSystem(), str(Path(location).expanduser().resolve())
     try:
@@ -56,6 +56,8 @@ def join(root: str, *parts: str) -> str:
 
 def list_shards(location: str, split: str) -> list[str]:
     """The sorted ``*.parquet`` files of ``location/split`` (none if the folder is missing)."""
+    import pyarrow.fs as pafs  # 0.3 s to import: only where parquet is read
+
     fs, root = open_location(location)
     selector = pafs.FileSelector(join(root, split), allow_not_found=True)
     try:
@@ -93,6 +95,8 @@ class RowGroup:
 def scan_shards(location: str, shards: list[str]) -> tuple[list[RowGroup], Any]:
     """Every row group of ``shards`` (footers only) and their common schema. Refuses, naming
     the shard, an empty shard or one whose columns differ from the first's."""
+    import pyarrow.parquet as pq  # 0.3 s to import: only where parquet is read
+
     fs, _ = open_location(location)
     groups: list[RowGroup] = []
     schema: Any = None
@@ -200,6 +204,8 @@ class ShardedSplit:
     def _shard(self, shard: str) -> Any:
         """The open ``pq.ParquetFile`` of ``shard``, kept for the next row groups of this
         thread: its footer is parsed once (on S3, fetched once), not at every row group."""
+        import pyarrow.parquet as pq  # 0.3 s to import: only where parquet is read
+
         files: OrderedDict[str, Any] | None = getattr(self._open, "files", None)
         if files is None:
             files = self._open.files = OrderedDict()

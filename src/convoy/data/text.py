@@ -35,8 +35,6 @@ from pydoc_data.topics import topics
 from typing import Any, Protocol
 
 import numpy as np
-import pyarrow as pa
-import pyarrow.parquet as pq
 import torch
 from torch.utils.data import Dataset
 
@@ -128,6 +126,8 @@ def _read_txt(path: Path) -> str:
 def check_text_column(schema: Any, column: str, where: str | Path) -> None:
     """Refuse, naming ``data.text_column``, a parquet schema without that column or where it
     is not text."""
+    import pyarrow as pa  # 0.3 s to import: only where parquet is read
+
     if column not in schema.names:
         raise ConfigError(
             "data.text_column",
@@ -142,6 +142,8 @@ def check_text_column(schema: Any, column: str, where: str | Path) -> None:
 
 
 def _read_parquet(path: Path, column: str) -> list[str]:
+    import pyarrow.parquet as pq  # 0.3 s to import: only where parquet is read
+
     check_text_column(pq.read_schema(path), column, path)
     values = pq.read_table(path, columns=[column]).column(column).to_pylist()
     if any(not isinstance(v, str) for v in values if v is not None):

@@ -106,9 +106,8 @@ def set_rank_zero(rank: int) -> None:
     They read ``RANK``/``LOCAL_RANK`` at import, which Ray's workers lack, so every rank
     printed the model summary and the end-of-fit line; Lightning's strategies set the same
     attributes later, in ``setup_environment``."""
-    from lightning.fabric.utilities.rank_zero import (
-        rank_zero_only as fabric_rank_zero,
-    )  # the lightning extra
+    # the lightning extra
+    from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero
     from lightning.pytorch.utilities.rank_zero import rank_zero_only as pytorch_rank_zero
     from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero
 

@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
-from torch.distributed.tensor import DTensor
 
 from convoy.imports import installed, missing_extra
 
@@ -94,6 +93,9 @@ def _autocast_on(tensor: torch.Tensor) -> bool:
 
 
 def _is_sharded(weight: torch.Tensor) -> bool:
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
+    from torch.distributed.tensor import DTensor
+
     return isinstance(weight, DTensor)
 
 
@@ -101,9 +103,7 @@ def _liger(
     flat: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int
 ) -> torch.Tensor:
     # Liger is an optional extra (``pip install convoy[fused]``): Triton kernels, CUDA only.
-    from liger_kernel.transformers.functional import (
-        liger_fused_linear_cross_entropy,
-    )  # the fused extra
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
     with torch.autocast(flat.device.type, enabled=False):
         loss = liger_fused_linear_cross_entropy(

@@ -17,22 +17,19 @@ from __future__ import annotations
 from typing import Any
 
 from torch import nn
-from torch.distributed.tensor import Replicate, Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-    SequenceParallel,
-)
 
 from convoy.models.attention import SelfAttention
-from convoy.strategies.tensor_parallel import ReplicateParallel
 
 
 def pre_norm_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[str, Any]:
     """The plan for ``blocks`` of pre-norm transformer blocks (``attn``: a ``SelfAttention``,
     ``mlp``: Linear, activation, Linear), under ``blocks.*``. Raises ``ValueError`` where
     ``tp_size`` does not divide the heads or the MLP's width."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
+
+    from convoy.strategies.tensor_parallel import ReplicateParallel
+
     first = blocks[0]
     attn, mlp = first.attn, first.mlp
     assert isinstance(attn, SelfAttention)
@@ -61,6 +58,13 @@ def sequence_parallel_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[st
     and MLP, and the row-wise outputs are reduce-scattered back (the same bytes as the
     all-reduce they replace). The first block cuts the stream; the model's final ``norm``
     gathers it back. Needs sequences whose length ``tp_size`` divides."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (
+        PrepareModuleInput,
+        RowwiseParallel,
+        SequenceParallel,
+    )
 
     def gathered(local: bool = False) -> PrepareModuleInput:
         """The sequence-cut stream all-gathered whole (into a split layer, or the end)."""

@@ -37,7 +37,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.tensor import DTensor
 from torch.multiprocessing.reductions import StorageWeakRef
 
@@ -224,8 +223,9 @@ STEPS = 3
 
 def _tracker(kind: str, parts: StepParts, batches: list[tuple[Any, Any]]) -> Any:
     """The torch memory tracker named ``kind``, following the model, optimizer and inputs."""
-    # Not optional, but 3 s to import (it loads Dynamo): only an FSDP2 check pays it.
+    # Not optional, but they load Dynamo (2-3 s): only a check pays it.
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed._tools.mem_tracker import MemTracker
 
     if kind == "FSDPMemTracker":
         tracker = FSDPMemTracker(parts.model, parts.optimizer)

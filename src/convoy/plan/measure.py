@@ -14,7 +14,6 @@ from typing import Any
 import torch
 from torch import nn
 from torch._subclasses.fake_tensor import FakeTensorMode
-from torch.distributed._tools.mem_tracker import MemTracker
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import DTensor
@@ -241,6 +240,9 @@ def measure_optimizer(
     ``fsdp2_world_size``: ``shapes`` are whole parameters that ``fully_shard`` splits over
     that many ranks of a fake process group; the step then runs on DTensor shards, whose
     foreach path allocates more than plain tensors'."""
+    # Not optional, but it loads Dynamo (2-3 s): only a plan that measures pays it.
+    from torch.distributed._tools.mem_tracker import MemTracker
+
     mode = FakeTensorMode()
     with fake_process_group(fsdp2_world_size or 1, needed=fsdp2_world_size is not None):
         with mode:

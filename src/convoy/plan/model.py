@@ -16,12 +16,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.tensor import Shard
-from torch.distributed.tensor.parallel import (
-    ColwiseParallel,
-    PrepareModuleInput,
-    RowwiseParallel,
-)
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from convoy.config import Job, tp_size_of
@@ -30,7 +24,6 @@ from convoy.errors import ConfigError, ConvoyError
 from convoy.models.registry import build_model
 from convoy.preflight import sample_batch
 from convoy.strategies.base import transformer_blocks
-from convoy.strategies.tensor_parallel import model_plan, planned_modules
 
 # Data sources that read files only for their values: when the files are missing, plan
 # with a source of the same shapes (memory does not depend on pixel values).
@@ -106,6 +99,15 @@ def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:
     attention sees its own heads). Sequence parallelism is played by hooks with the same
     tensors' sizes: the stream cut to 1 / tp of the tokens, gathered whole (a new tensor) into
     the split layers, their row-wise outputs reduce-scattered (a new tensor) back; in place."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
+    from torch.distributed.tensor.parallel import (
+        ColwiseParallel,
+        PrepareModuleInput,
+        RowwiseParallel,
+    )
+
+    from convoy.strategies.tensor_parallel import model_plan, planned_modules
+
     plan = model_plan(model, tp_size)
     for pattern, style in plan.items():
         for path, module in planned_modules(model, pattern).items():
@@ -144,6 +146,8 @@ def _play_input_layouts(module: nn.Module, style: Any, tp_size: int) -> None:
 
 
 def _is_shard(placement: Any) -> bool:
+    from torch.distributed.tensor import Shard  # DTensor: 1-2 s to import
+
     return isinstance(placement, Shard) and placement.dim == 1
 
 
