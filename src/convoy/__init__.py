@@ -7,6 +7,7 @@ optional: this package and the local/torchrun launchers import without it.
 
 from convoy.config import Job, load_job
 from convoy.errors import ConfigError, ConvoyError
+from convoy.launchers import get_launcher
 from convoy.launchers.base import RunResult
 
 __version__ = "0.1.0"
@@ -14,8 +15,6 @@ __version__ = "0.1.0"
 
 def train(job: Job) -> RunResult:
     """Run ``job`` with the launcher it names and return a ``RunResult``."""
-    from convoy.launchers import get_launcher
-
     return get_launcher(job.scaling.launcher).launch(job)
 
 

@@ -36,3 +36,14 @@ def batch_rows(batch: Any) -> int:
     if isinstance(batch, dict):
         return batch_rows(next(iter(batch.values())))
     return batch_rows(batch[0])
+
+
+def tensors_in(value: Any) -> list[torch.Tensor]:
+    """Every tensor in ``value`` (a tensor, or dicts, lists and tuples of them)."""
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, dict):
+        return [t for item in value.values() for t in tensors_in(item)]
+    if isinstance(value, (list, tuple)):
+        return [t for item in value for t in tensors_in(item)]
+    return []

@@ -16,13 +16,23 @@ from typing import Any
 
 import torch
 import torch.distributed.checkpoint as dcp
+from safetensors.torch import load_file, save_file
 from torch import nn
 
 from convoy.checkpoint import checkpoint_path, committed_checkpoints, local_copy, read_meta
 from convoy.config import Job, job_from_saved
+from convoy.data.loaders import eval_loader
+from convoy.data.registry import check_dataset, load_splits
+from convoy.engine.amp import Precision
+from convoy.engine.evaluate import evaluate
 from convoy.errors import ConvoyError
+from convoy.integrations.mlflow import log_export
+from convoy.metrics import MetricsManager
+from convoy.models.registry import build_model
 from convoy.outputs import TOKENIZER_FILE
 from convoy.storage import RunStorage
+from convoy.strategies.single import SingleStrategy
+from convoy.tasks import build_task
 
 WEIGHTS_FILE = "model.safetensors"
 MODEL_FILE = "model.json"
@@ -41,15 +51,11 @@ def find_checkpoint(run: str | Path, checkpoint: str | None) -> str:
 
 
 def _build(job: Job, data_shape: dict[str, int]) -> nn.Module:
-    from convoy.models.registry import build_model
-
     return build_model(job.model.name, job.model.kwargs, data_shape)
 
 
 def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = None) -> Path:
     """Write ``model.safetensors`` + ``model.json`` for a checkpoint; returns ``out_dir``."""
-    from safetensors.torch import save_file
-
     name = find_checkpoint(run, checkpoint)
     meta = read_meta(run, name)
     job = job_from_saved(meta["job"])  # the job that wrote this checkpoint
@@ -73,16 +79,12 @@ def export_checkpoint(run: str | Path, out_dir: Path, checkpoint: str | None = N
     storage = RunStorage.at(run)
     if storage.exists(TOKENIZER_FILE):  # a text model travels with its tokenizer
         (out_dir / TOKENIZER_FILE).write_text(storage.read_text(TOKENIZER_FILE))
-    from convoy.integrations.mlflow import log_export
-
     log_export(run, out_dir, name)  # into the run's MLflow run, when it had one
     return out_dir
 
 
 def load_exported(export_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
     """The exported model (on CPU, eval mode) and its description."""
-    from safetensors.torch import load_file
-
     description = json.loads((export_dir / MODEL_FILE).read_text())
     job = job_from_saved(description["job"])
     model = _build(job, description["data_shape"])
@@ -93,14 +95,6 @@ def load_exported(export_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
 def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> dict[str, float]:
     """Test metrics of an exported model, in one process, on its job's dataset, plus the
     data's reference figures for the test split (e.g. ``test/gzip_bpb``)."""
-    from convoy.data.loaders import eval_loader
-    from convoy.data.registry import check_dataset, load_splits
-    from convoy.engine.amp import Precision
-    from convoy.engine.evaluate import evaluate
-    from convoy.metrics import MetricsManager
-    from convoy.strategies.single import SingleStrategy
-    from convoy.tasks import build_task
-
     model, description = load_exported(export_dir)
     # Overrides fix what moved since training, e.g. -o data.path=...; the recorded job is
     # checked only after they apply.

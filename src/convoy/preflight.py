@@ -20,11 +20,17 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from convoy.batches import move_to
+from convoy.batches import move_to, tensors_in
 from convoy.config import Job, layout_name, tp_size_of
 from convoy.data.base import Splits
+from convoy.data.registry import check_dataset, load_splits
+from convoy.data.shards import ShardedSplit
+from convoy.engine.sinks import TRACKING_SINKS
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
+from convoy.integrations.lightning_checks import check_lightning
+from convoy.models.registry import build_model, check_model
+from convoy.strategies import strategy_class
 from convoy.strategies.blocks import compiled_targets, model_blocks
 from convoy.tasks import Task, build_task
 
@@ -40,13 +46,8 @@ def preflight(job: Job) -> Job:
     """
     job = resolve_tracking(job)
     if job.lightning.enabled:
-        from convoy.integrations.lightning_checks import check_lightning
-
         check_lightning(job)
         return job
-    from convoy.data.registry import check_dataset, load_splits
-    from convoy.models.registry import check_model
-
     task = build_task(job.task.name, job.task.kwargs)
     check_model(job.model.name, job.model.kwargs)
     check_dataset(job.data)
@@ -69,8 +70,6 @@ def resolve_tracking(job: Job, say: bool = True) -> Job:
     worker tries it: said in one line (with the install line; unless ``say`` is false) where
     the recipe turned the sink on, quietly where only the default did (TensorBoard is on by
     default where the ``tracking`` extra is installed; ``make run`` installs the core and Ray)."""
-    from convoy.engine.sinks import TRACKING_SINKS
-
     for switch, module_name in TRACKING_SINKS:
         *sections, name = switch.split(".")
         section: Any = job
@@ -135,8 +134,6 @@ def resolve_best_mode(job: Job, task: Task, splits: Splits) -> Job:
 def check_loader(job: Job, splits: Splits, sample: tuple[Any, Any]) -> None:
     """A streamed source reads no DataLoader processes; ``data.loader: ray_data`` carries
     samples as tensor columns: inputs and targets must be tensors (not dicts or tuples)."""
-    from convoy.data.shards import ShardedSplit
-
     if isinstance(splits.train, ShardedSplit) and job.data.num_workers:
         raise ConfigError(
             "data.num_workers",
@@ -245,8 +242,6 @@ def check_context(job: Job, model: torch.nn.Module, shape: dict[str, int]) -> No
 def check_compile_mode(job: Job) -> None:
     """``run.compile: model`` needs a strategy that keeps the model whole, without tensor
     parallelism (whose plan hooks each block's layers)."""
-    from convoy.strategies import strategy_class
-
     if job.run.compile != "model":
         return
     if not strategy_class(job.strategy.name).compiles_whole_model or tp_size_of(job.strategy) > 1:
@@ -264,7 +259,7 @@ def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> 
     it (``convoy.strategies.blocks``). Traced here with Dynamo's ``eager`` backend (no code
     generation) on the meta device, or on CPU for a model that does not run there; the
     compiler's first error line is the message."""
-    import torch._dynamo
+    import torch._dynamo  # not optional, but 2-3 s to import: only a compiled run pays it
 
     for device in ("meta", "cpu"):
         with torch.device(device):
@@ -293,6 +288,7 @@ def check_compiles(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> 
 def check_sequence_split(job: Job, model: torch.nn.Module, inputs: Any) -> None:
     """A plan with sequence parallelism cuts each sequence (dim 1) over the tensor-parallel
     ranks: the data's sequence length must divide evenly."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
     from torch.distributed.tensor.parallel import SequenceParallel
 
     from convoy.strategies.tensor_parallel import model_plan
@@ -300,8 +296,6 @@ def check_sequence_split(job: Job, model: torch.nn.Module, inputs: Any) -> None:
     tp_size = tp_size_of(job.strategy)
     if not any(isinstance(s, SequenceParallel) for s in model_plan(model, tp_size).values()):
         return
-    from convoy.plan.measure import tensors_in
-
     tokens = next((t.shape[1] for t in tensors_in(inputs) if t.dim() > 1), None)
     if tokens is not None and tokens % tp_size:
         raise ConfigError(
@@ -314,8 +308,6 @@ def check_sequence_split(job: Job, model: torch.nn.Module, inputs: Any) -> None:
 
 
 def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
-    from convoy.models.registry import build_model
-
     try:
         model = build_model(job.model.name, job.model.kwargs, shape)
     except ConvoyError:
@@ -334,7 +326,7 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
         model_blocks(model, job.strategy.activation_checkpointing)  # it has blocks to checkpoint
     tp_size = tp_size_of(job.strategy)
     if tp_size > 1:
-        from convoy.strategies.tensor_parallel import model_plan
+        from convoy.strategies.tensor_parallel import model_plan  # DTensor: 1-2 s to import
 
         model_plan(model, tp_size)  # it states a plan, and the plan splits evenly
     return model

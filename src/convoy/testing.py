@@ -26,7 +26,17 @@ import torch
 import torch.multiprocessing as mp
 
 from convoy.config import Job
-from convoy.distributed import WorkerContext, default_threads, exit_without_teardown, free_port
+from convoy.distributed import (
+    WorkerContext,
+    all_gather_objects,
+    default_threads,
+    exit_without_teardown,
+    free_port,
+    process_group,
+)
+from convoy.engine.loop import train
+from convoy.outputs import RunOutputs
+from convoy.storage import RunStorage
 
 # A ViT small enough for CPU tests that still has transformer blocks to shard.
 TINY_VIT_OVERRIDES = (
@@ -57,8 +67,6 @@ def parity_overrides(
 
 def train_on_rank(ctx: WorkerContext, job: Job) -> dict[str, Any]:
     """``run_on_gloo(train_on_rank, 2, job)`` trains ``job`` on two spawned ranks."""
-    from convoy.engine.loop import train
-
     return train(job, ctx)
 
 
@@ -66,10 +74,6 @@ def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
     """A worker entry (``WorkerEntry("convoy.testing:rank_census", {"tag": ...})``) for
     launcher tests: every rank's identity, gathered over the real process group; rank 0
     writes it as the run's summary."""
-    from convoy.distributed import all_gather_objects, process_group
-    from convoy.outputs import RunOutputs
-    from convoy.storage import RunStorage
-
     with process_group(ctx, job.run.collective_timeout_s):
         me = {"rank": ctx.rank, "world_size": ctx.world_size, "tag": tag, "pid": os.getpid()}
         summary = {"ranks": all_gather_objects(me)}

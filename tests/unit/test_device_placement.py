@@ -69,7 +69,7 @@ def test_the_planners_optimizer_step_shards_on_a_cpu_mesh(monkeypatch: pytest.Mo
     them (``Expects the parameter to already be moved to device cuda:0``)."""
     from convoy.plan.measure import measure_optimizer
 
-    meshes = _spy_on_meshes(monkeypatch, "torch.distributed.fsdp.fully_shard")
+    meshes = _spy_on_meshes(monkeypatch, "convoy.plan.measure.fully_shard")
     job = load_job(None, ["strategy.name=fsdp2"])
     cost = measure_optimizer(job, [(8, 4), (8,)], fsdp2_world_size=2)
     assert cost.state > 0

@@ -12,11 +12,11 @@ import yaml
 
 from convoy.config import job_from_dict, load_job
 from convoy.k8s import naming
+from convoy.k8s.quantities import parse_quantity
 from convoy.k8s.render import (
     RECIPE_PATH,
     TORCHRUN_WORKER,
     cluster_job,
-    parse_quantity,
     ray_start_commands,
     render,
     to_yaml,

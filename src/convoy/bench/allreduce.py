@@ -26,10 +26,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from convoy.bench import plots
 from convoy.bench.common import check_at_least, format_bytes, parse_size
 from convoy.config import Job
 from convoy.distributed import WorkerContext, all_gather_objects, process_group, worker_threads
 from convoy.errors import ConfigError, one_of
+from convoy.launchers import get_launcher
+from convoy.launchers.base import WorkerEntry
+from convoy.outputs import RunOutputs
+from convoy.storage import RunStorage
 
 DTYPES = {
     "float32": torch.float32,
@@ -116,9 +121,6 @@ class Row:
 
 def worker(job: Job, ctx: WorkerContext, **kwargs: Any) -> dict[str, Any]:
     """Worker entry: join the process group, sweep the sizes; rank 0 writes the summary."""
-    from convoy.outputs import RunOutputs
-    from convoy.storage import RunStorage
-
     sweep = Sweep(**kwargs)
     torch.set_num_threads(job.scaling.threads_per_worker or worker_threads(ctx))
     if ctx.device.type == "cuda":
@@ -199,9 +201,6 @@ def _result(
 
 def run_allreduce(job: Job, sweep: Sweep) -> dict[str, Any]:
     """Launch the sweep on ``job``'s launcher and workers; returns rank 0's summary."""
-    from convoy.launchers import get_launcher
-    from convoy.launchers.base import WorkerEntry
-
     entry = WorkerEntry(ENTRY, asdict(sweep), preflight=False)
     return get_launcher(job.scaling.launcher).launch(job, entry).summary
 
@@ -248,8 +247,6 @@ def format_table(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str) -> str:
     """busbw and algbw against size (log2 x axis) as a PNG."""
-    from convoy.bench import plots
-
     plt = plots.pyplot()
     rows = result["rows"]
     sizes = [r["size_bytes"] for r in rows]

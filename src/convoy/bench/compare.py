@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from convoy.bench import plots
 from convoy.bench.common import (
     bench_name,
     bench_storage,
@@ -48,7 +49,10 @@ from convoy.bench.runs import (
     pinned_threads,
 )
 from convoy.config import STRATEGY_NAMES, Job, load_job
+from convoy.data.registry import load_splits
 from convoy.errors import ConfigError, one_of
+from convoy.models.registry import build_model
+from convoy.plan.check import tracked_peak
 from convoy.plan.job import takes_tensor_parallel
 from convoy.strategies import strategy_class
 
@@ -135,9 +139,6 @@ def comm_factor(strategy: Any, world_size: int) -> float:
 def parameter_bytes(job: Job) -> int | None:
     """Bytes of the model's parameters (built on the meta device); None if it cannot be built
     here (the data's shape decides some models' sizes)."""
-    from convoy.data.registry import load_splits
-    from convoy.models.registry import build_model
-
     try:
         shape = load_splits(job.data).shape
         with torch.device("meta"):
@@ -279,8 +280,6 @@ def peak_memory(job: Job, run: Measured) -> tuple[list[int] | None, str]:
     cls = strategy_class(job.strategy.name)
     if cls.memory_tracking is None:
         return None, f"n/a for {cls.name} on CPU: {cls.untracked_reason}"
-    from convoy.plan.check import tracked_peak  # torch's trackers: only for a CPU run
-
     try:
         peak = tracked_peak(job, job.strategy.name, run.world_size)
     except Exception as exc:  # a tracker that cannot follow this model: say why, keep the rest
@@ -379,8 +378,6 @@ def _short_source(source: str) -> str:
 
 def plot(result: dict[str, Any], path: str) -> str:
     """Bars per strategy: samples/s, step time (median with p90), peak memory per rank."""
-    from convoy.bench import plots
-
     plt = plots.pyplot()
     rows = result["strategies"]
     names = [f"{r['strategy']} x{r['world_size']}" for r in rows]

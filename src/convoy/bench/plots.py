@@ -7,17 +7,18 @@ from typing import Any
 
 from convoy.errors import ConfigError, ConvoyError
 from convoy.imports import missing_extra
+from convoy.storage import check_writable_dir
 
 
 def pyplot() -> Any:
     """``matplotlib.pyplot`` on the file-only Agg backend, or a one-line error saying how to
     install it."""
     try:
-        import matplotlib
+        import matplotlib  # the plot extra
     except ImportError:
         raise ConvoyError(missing_extra("--plot", "matplotlib", "plot")) from None
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the plot extra
 
     return plt
 
@@ -28,8 +29,6 @@ FORMATS = (".png", ".svg", ".pdf")
 def check_plot_path(path: str) -> None:
     """Refuse, before anything runs, a ``--plot`` path that cannot take a figure: a folder,
     no image suffix, or a folder that cannot be created (a missing one is made when saving)."""
-    from convoy.storage import check_writable_dir
-
     target = Path(path).expanduser()
     if target.is_dir():
         raise ConfigError("--plot", path, "a file path ending in .png (this is a folder)")
@@ -52,7 +51,7 @@ def save(figure: Any, path: str) -> str:
     figure.tight_layout()
     Path(path).expanduser().parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(Path(path).expanduser(), dpi=120)
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # the plot extra
 
     plt.close(figure)
     return path

@@ -18,7 +18,9 @@ from convoy.bench.common import spread
 from convoy.config import Job, load_job, torchrun_layout
 from convoy.distributed import default_threads
 from convoy.errors import ConfigError
+from convoy.launchers import get_launcher
 from convoy.outputs import read_metrics
+from convoy.tasks import resolve_task
 
 RANK_TIMING = "slowest rank's step time (max of rank_step_seconds)"
 RECORD_TIMING = "interval between step records on rank 0 (no rank_step_seconds in this run)"
@@ -130,9 +132,6 @@ class Measured:
 
 def launch_and_measure(job: Job, warmup: int) -> Measured:
     """Train ``job`` on its launcher; measure the steps after the first ``warmup``."""
-    from convoy.launchers import get_launcher
-    from convoy.tasks import resolve_task
-
     result = get_launcher(job.scaling.launcher).launch(job)
     records = [r for r in read_metrics(result.run_uri) if r.get("kind") == "step"]
     records.sort(key=lambda r: r["step"])

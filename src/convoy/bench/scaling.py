@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from convoy.bench import plots
 from convoy.bench.common import (
     bench_name,
     bench_storage,
@@ -240,8 +241,6 @@ def format_report(result: dict[str, Any]) -> str:
 
 def plot(result: dict[str, Any], path: str) -> str:
     """Left: throughput against N with the ideal line; right: efficiency with 100%."""
-    from convoy.bench import plots
-
     plt = plots.pyplot()
     sizes = result["sizes"]
     ns = [s["world_size"] for s in sizes]

@@ -11,6 +11,9 @@ from torch.utils.data import Dataset, default_collate
 
 from convoy.errors import ConfigError
 
+Batch = tuple[torch.Tensor, torch.Tensor]
+"""What a loader yields: a micro-batch's inputs and targets."""
+
 
 class Collated(tuple):
     """A batch a dataset's ``__getitems__`` built whole: ``collate`` passes it on as it is.

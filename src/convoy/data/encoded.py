@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from convoy.data.base import augment
@@ -41,8 +42,6 @@ class ImageRecord:
 
 def decode_rgb(raw: bytes, size: int) -> np.ndarray:
     """Encoded image -> RGB uint8 array (size, size, 3); Pillow's errors pass through."""
-    from PIL import Image
-
     with Image.open(io.BytesIO(raw)) as img:
         rgb = img.convert("RGB")
         if rgb.size != (size, size):
@@ -62,8 +61,6 @@ UNREADABLE = (OSError, ValueError, SyntaxError)
 
 def unreadable_reason(exc: BaseException) -> str:
     """A short, stable reason for a record that cannot be read."""
-    from PIL import UnidentifiedImageError
-
     if isinstance(exc, FileNotFoundError):
         return "missing"
     if isinstance(exc, UnidentifiedImageError):

@@ -19,6 +19,8 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from PIL import Image
+
 from convoy.data.imagefolder import IMAGE_SUFFIXES
 from convoy.errors import DataError
 
@@ -73,8 +75,6 @@ def read_val_labels(csv_path: Path) -> dict[str, str]:
 
 def readable(path: Path) -> str | None:
     """None if Pillow can open and verify the file, else the reason."""
-    from PIL import Image
-
     try:
         with Image.open(path) as img:
             img.verify()

@@ -18,10 +18,10 @@ from typing import Any, Protocol
 import torch
 from torch.utils.data import DataLoader
 
-from convoy.data.base import SizedDataset, Splits, collate
+from convoy.data.base import Batch, SizedDataset, Splits, collate
 from convoy.data.samplers import GlobalBatchSampler, ShardedEvalSampler
-
-Batch = tuple[torch.Tensor, torch.Tensor]
+from convoy.data.shards import ShardedSplit
+from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
 
 
 class TrainBatches(Protocol):
@@ -158,9 +158,6 @@ def torch_worker_data(
     streamed source (``ShardedSplit``) its row groups read window by window
     (``convoy.data.streaming``; ``stream_window`` row groups at a time, ``stream_readers``
     windows read at once)."""
-    from convoy.data.shards import ShardedSplit
-    from convoy.data.streaming import StreamedEvalBatches, StreamedTrainBatches
-
     train: TrainBatches
     if isinstance(splits.train, ShardedSplit):
         train = StreamedTrainBatches(

@@ -55,9 +55,9 @@ import numpy as np
 import torch
 
 from convoy.config import Job
-from convoy.data.base import SizedDataset, Splits, TensorImageDataset, augment
+from convoy.data.base import Batch, SizedDataset, Splits, TensorImageDataset, augment
 from convoy.data.encoded import EncodedImageDataset, ImageRecord, decode_record, rgb_to_tensor
-from convoy.data.loaders import Batch, WorkerData
+from convoy.data.loaders import WorkerData
 from convoy.data.parquet import (
     COLUMNS,
     check_train_labels,
@@ -192,7 +192,7 @@ class ReadChunks:
     preprocess: Preprocess
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import ray
+        import ray  # the ray extra
 
         positions = [int(p) for p in batch["position"]]
         return concat_columns([self.preprocess(ray.get(self.chunks[p])) for p in positions])
@@ -247,7 +247,7 @@ class RayDataPlan:
 
 def _raw_rows(dataset: SizedDataset, rows: range) -> tuple[Any, Transform]:
     """A Ray Dataset of ``rows`` of a source dataset, and how to preprocess it."""
-    import ray.data
+    import ray.data  # the ray extra
 
     if isinstance(dataset, ShardedSplit):  # streamed: one item per row group, read in tasks
         items = row_group_slices(dataset, rows)
@@ -318,7 +318,7 @@ def chunk_rows(rows: int, world_size: int) -> int:
 
 
 def _train_units(job: Job, train: SizedDataset, world_size: int) -> TrainUnits:
-    import ray
+    import ray  # the ray extra
 
     if isinstance(train, ShardedSplit):
         read = ReadRowGroups(train)
@@ -380,6 +380,7 @@ def _take(tensor: torch.Tensor, rows: RowSet) -> torch.Tensor:
 def _from_columns(columns: dict[str, np.ndarray]) -> Any:
     """A Ray Dataset of numpy columns in blocks of ``ROWS_PER_BLOCK`` rows: 1-D columns as
     plain arrays, the others as Ray's tensor extension type (one fixed-shape tensor per row)."""
+    # the ray extra (and pyarrow, 0.3 s to import, for its tensor columns)
     import pyarrow as pa
     import ray.data
     from ray.data.extensions import ArrowTensorArray
@@ -420,7 +421,7 @@ def cpu_shares(job: Job, pipelines: int = 1) -> tuple[float, float]:
 
 
 def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool, pipelines: int = 1) -> Any:
-    import ray.data
+    import ray.data  # the ray extra
 
     cfg = job.data.ray_data
     task_cpus, actor_cpus = cpu_shares(job, pipelines)
@@ -573,7 +574,7 @@ class RayTrainBatches(PlannedTrainBatches):
     def _read_windows(
         self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
     ) -> Iterator[Rows]:
-        import ray.data
+        import ray.data  # the ray extra
 
         if not windows:
             return
@@ -597,7 +598,7 @@ def units_dataset(
 ) -> Any:
     """A Ray Dataset of the given train units, read and preprocessed in that order; one of
     ``pipelines`` that run at once (one per train worker)."""
-    import ray.data
+    import ray.data  # the ray extra
 
     items = [units.items[p] for p in positions]
     raw = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
@@ -658,7 +659,7 @@ class RayEvalBatches:
 def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
     """This Ray Train worker's data: its train plan, and its eval chunks
     (``get_dataset_shard``)."""
-    import ray.data
+    import ray.data  # the ray extra
     import ray.train
 
     accum = job.optim.grad_accum_steps

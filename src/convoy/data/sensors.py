@@ -31,7 +31,7 @@ CHANNELS = ("accel_x", "accel_y", "accel_z", "gyro_x", "gyro_y", "gyro_z")
 def _read_basicmotions() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(train series, train labels, test series, test labels); series (N, 6, 100)."""
     try:
-        from sktime.datasets import load_basic_motions
+        from sktime.datasets import load_basic_motions  # the sensors extra
     except ImportError:
         raise ConvoyError(missing_extra("data.name 'basicmotions'", "sktime", "sensors")) from None
     x_train, y_train = load_basic_motions(split="TRAIN", return_type="numpy3D")

@@ -34,7 +34,7 @@ from typing import Generic, TypeVar
 import numpy as np
 import torch
 
-from convoy.data.loaders import Batch
+from convoy.data.base import Batch
 from convoy.data.samplers import eval_rows_per_rank
 from convoy.data.shards import ShardedSplit
 from convoy.errors import DataError

@@ -31,6 +31,7 @@ import gzip
 import hashlib
 import math
 from pathlib import Path
+from pydoc_data.topics import topics
 from typing import Any, Protocol
 
 import numpy as np
@@ -110,8 +111,6 @@ def read_documents(cfg: DataConfig) -> list[str]:
 
 
 def _pydoc_topics() -> list[str]:
-    from pydoc_data.topics import topics
-
     return [topics[name] for name in sorted(topics)]
 
 
@@ -127,7 +126,7 @@ def _read_txt(path: Path) -> str:
 def check_text_column(schema: Any, column: str, where: str | Path) -> None:
     """Refuse, naming ``data.text_column``, a parquet schema without that column or where it
     is not text."""
-    import pyarrow as pa
+    import pyarrow as pa  # 0.3 s to import: only where parquet is read
 
     if column not in schema.names:
         raise ConfigError(
@@ -143,7 +142,7 @@ def check_text_column(schema: Any, column: str, where: str | Path) -> None:
 
 
 def _read_parquet(path: Path, column: str) -> list[str]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # 0.3 s to import: only where parquet is read
 
     check_text_column(pq.read_schema(path), column, path)
     values = pq.read_table(path, columns=[column]).column(column).to_pylist()
@@ -231,7 +230,7 @@ class ByteTokenizer:
 
 def _tokenizers() -> Any:
     try:
-        import tokenizers
+        import tokenizers  # the text extra
     except ImportError:
         raise ConvoyError(
             missing_extra("data.tokenizer 'bpe'", "tokenizers", "text")

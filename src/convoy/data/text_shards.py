@@ -47,6 +47,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from filelock import FileLock
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits
@@ -209,8 +210,6 @@ def cache_dir() -> Path:
 def cached(kind: str, key: Any, compute: Any) -> Any:
     """``compute()``'s JSON value, kept in the cache under a digest of ``key``; computed once
     per machine at a time (other processes wait on the lock, then read it)."""
-    from filelock import FileLock
-
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
     folder = cache_dir() / kind
     folder.mkdir(parents=True, exist_ok=True)

@@ -41,7 +41,7 @@ from convoy.engine.events import EndEvent, EvalEvent
 from convoy.engine.sinks import build_sinks
 from convoy.errors import ConfigError
 from convoy.imports import describe, import_attribute
-from convoy.integrations.lightning_checks import EXTENSION_KWARGS
+from convoy.integrations.lightning_checks import EXTENSION_KWARGS, class_specs, extension_kwargs
 from convoy.outputs import RunOutputs
 from convoy.storage import RunStorage
 from convoy.strategies import strategy_class
@@ -65,8 +65,9 @@ def train_lightning(job: Job, ctx: WorkerContext) -> dict[str, Any]:
 
 
 def _train(job: Job, ctx: WorkerContext) -> dict[str, Any]:
-    import lightning
+    import lightning  # the lightning extra
 
+    # These import lightning at their top: here, they keep the lightning extra optional.
     from convoy.integrations.lightning_events import ConvoyEvents
     from convoy.integrations.lightning_strategies import prepare_module
 
@@ -105,6 +106,7 @@ def set_rank_zero(rank: int) -> None:
     They read ``RANK``/``LOCAL_RANK`` at import, which Ray's workers lack, so every rank
     printed the model summary and the end-of-fit line; Lightning's strategies set the same
     attributes later, in ``setup_environment``."""
+    # the lightning extra
     from lightning.fabric.utilities.rank_zero import rank_zero_only as fabric_rank_zero
     from lightning.pytorch.utilities.rank_zero import rank_zero_only as pytorch_rank_zero
     from lightning_utilities.core.rank_zero import rank_zero_only as utilities_rank_zero
@@ -198,10 +200,10 @@ def last_checkpoint(job: Job) -> Path | None:
 
 def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
     """A ``lightning.Trainer`` for ``job`` on this worker (the strategy per launcher)."""
-    import lightning
+    import lightning  # the lightning extra
     from lightning.pytorch.loggers import CSVLogger
 
-    from convoy.integrations.lightning_strategies import build_layout
+    from convoy.integrations.lightning_strategies import build_layout  # the lightning extra
 
     layout = build_layout(job, ctx)
     run_dir = Path(job.run_uri)
@@ -233,7 +235,7 @@ def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
     )
     on_ray_strategy = strategy_class(job.strategy.name).lightning.ray_strategy is not None
     if job.scaling.launcher == "ray" and on_ray_strategy:
-        from ray.train.lightning import prepare_trainer
+        from ray.train.lightning import prepare_trainer  # the ray extra
 
         trainer = prepare_trainer(trainer)  # validates the Ray strategy and environment
     return trainer
@@ -243,8 +245,6 @@ def user_extensions(key: str, value: Any, run_dir: Path) -> list[Any]:
     """The user's ``trainer_kwargs.callbacks`` / ``logger`` entries, constructed (preflight
     checked them). A logger that takes ``save_dir`` and is given none writes into the run
     directory."""
-    from convoy.integrations.lightning_checks import class_specs, extension_kwargs
-
     built = []
     for spec in class_specs(key, value):
         cls = import_attribute(spec.field, spec.path, "expected package.module:Class")
@@ -259,7 +259,7 @@ def _checkpoint_callbacks(job: Job, run_dir: Path) -> list[Any]:
     cfg = job.checkpoint
     if not cfg.enabled:
         return []
-    from lightning.pytorch.callbacks import ModelCheckpoint
+    from lightning.pytorch.callbacks import ModelCheckpoint  # the lightning extra
 
     every = (
         {"every_n_train_steps": cfg.every_steps}
@@ -282,7 +282,7 @@ def _checkpoint_callbacks(job: Job, run_dir: Path) -> list[Any]:
 
 def has_test_loop(module: Any, datamodule: Any) -> bool:
     """The module has a ``test_step`` and test data comes from it or the datamodule."""
-    from lightning.pytorch.utilities.model_helpers import is_overridden
+    from lightning.pytorch.utilities.model_helpers import is_overridden  # the lightning extra
 
     if not is_overridden("test_step", module):
         return False
@@ -292,7 +292,7 @@ def has_test_loop(module: Any, datamodule: Any) -> bool:
 
 
 def _test(trainer: Any, module: Any, datamodule: Any) -> dict[str, float]:
-    from convoy.integrations.lightning_events import metric_values
+    from convoy.integrations.lightning_events import metric_values  # the lightning extra
 
     results = trainer.test(module, datamodule=datamodule, verbose=False)
     merged: dict[str, Any] = {}
@@ -302,7 +302,7 @@ def _test(trainer: Any, module: Any, datamodule: Any) -> dict[str, float]:
 
 
 def _final_metrics(trainer: Any) -> dict[str, float]:
-    from convoy.integrations.lightning_events import metric_values
+    from convoy.integrations.lightning_events import metric_values  # the lightning extra
 
     return metric_values(trainer.callback_metrics)
 

@@ -11,6 +11,7 @@ a Lightning ``Callback`` / ``Logger`` or do not take their kwargs.
 from __future__ import annotations
 
 import difflib
+import importlib
 import inspect
 from dataclasses import dataclass
 from typing import Any
@@ -75,7 +76,7 @@ def class_specs(key: str, value: Any) -> list[ClassSpec]:
 
 def extension_base(key: str) -> type:
     """The Lightning class every ``callbacks`` / ``logger`` entry must subclass."""
-    from lightning.pytorch import Callback
+    from lightning.pytorch import Callback  # the lightning extra
     from lightning.pytorch.loggers import Logger
 
     return Callback if key == "callbacks" else Logger
@@ -103,7 +104,7 @@ def import_lightning(module: str | None) -> Any:
     """``lightning``, or a ConfigError on ``lightning.module`` naming the extra that installs
     it."""
     try:
-        import lightning
+        import lightning  # the lightning extra
     except ImportError:
         raise ConfigError(
             "lightning.module", module, missing_extra("a LightningModule", "lightning", "lightning")
@@ -145,8 +146,6 @@ def load_class(field: str, path: str, base: type) -> type:
     except ConfigError as exc:
         if "has no attribute" not in exc.allowed:
             raise
-        import importlib
-
         names = [
             n for n, v in vars(importlib.import_module(module_name)).items() if _is_sub(v, base)
         ]

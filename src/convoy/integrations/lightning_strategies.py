@@ -28,6 +28,7 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities.model_helpers import is_overridden
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from convoy.config import Job
 from convoy.distributed import WorkerContext
@@ -105,7 +106,7 @@ def build_layout(job: Job, ctx: WorkerContext) -> LightningLayout:
     if not strategy_class(job.strategy.name).requires_process_group:
         return LightningLayout(strategy, [], 1, 1)  # one device: no cluster to describe
     if job.scaling.launcher == "ray":
-        from ray.train.lightning import RayLightningEnvironment
+        from ray.train.lightning import RayLightningEnvironment  # the ray extra
 
         environment: ClusterEnvironment = RayLightningEnvironment()
     else:
@@ -120,7 +121,7 @@ def lightning_strategy(job: Job, ctx: WorkerContext) -> Strategy:
     counterpart = strategy_class(job.strategy.name).lightning
     options = LIGHTNING_OPTIONS[counterpart.strategy](job.strategy, ctx)
     if job.scaling.launcher == "ray" and counterpart.ray_strategy is not None:
-        import ray.train.lightning
+        import ray.train.lightning  # the ray extra
 
         ray_class = getattr(ray.train.lightning, counterpart.ray_strategy)
         return ray_class(**options)
@@ -172,8 +173,6 @@ def shard_module(module: LightningModule, reshard_after_forward: bool) -> None:
     """``fully_shard`` each child with parameters (its ``blocks`` first, when it has an
     ``nn.ModuleList`` of them) over the data-parallel mesh; idempotent, since Lightning calls
     ``configure_model`` again for ``test``."""
-    from torch.distributed.fsdp import FSDPModule, fully_shard
-
     if any(True for _ in module.parameters(recurse=False)):
         raise ConvoyError(
             f"strategy.name: got 'fsdp2'; {type(module).__name__} holds parameters directly "

@@ -113,7 +113,7 @@ def probe(uri: str, timeout: float = PROBE_TIMEOUT_S) -> None:
     an error status, means the server is reachable; no answer raises ``SinkUnavailable``."""
     if not uri.startswith(("http://", "https://")):
         return
-    import requests
+    import requests  # the tracking extra (mlflow's)
 
     try:
         requests.get(f"{uri.rstrip('/')}/health", timeout=timeout)
@@ -169,7 +169,7 @@ class MlflowSink(Sink):
     def __init__(
         self, client: Any, uri: str, run_id: str, storage: RunStorage, resumed: bool
     ) -> None:
-        from mlflow.utils import validation
+        from mlflow.utils import validation  # the tracking extra
 
         self.client = client
         self.uri = uri
@@ -218,7 +218,7 @@ class MlflowSink(Sink):
             self.client.set_terminated(self.run_id, "FAILED")
 
     def _metrics(self, values: Mapping[str, float], step: int) -> None:
-        from mlflow.entities import Metric
+        from mlflow.entities import Metric  # the tracking extra
 
         now = int(time.time() * 1000)
         metrics = [Metric(_key(k), v, now, step) for k, v in values.items()]
@@ -229,7 +229,7 @@ class MlflowSink(Sink):
     def _log_params(self, params: dict[str, str]) -> None:
         """Log the recipe; on a resumed run only the new keys. MLflow params cannot change, so
         a value changed since the first attempt becomes the tag ``resumed.<key>``."""
-        from mlflow.entities import Param, RunTag
+        from mlflow.entities import Param, RunTag  # the tracking extra
 
         logged = self.client.get_run(self.run_id).data.params if self.resumed else {}
         new = [Param(k, v) for k, v in params.items() if k not in logged]
@@ -280,7 +280,7 @@ def read_run_record(run: str | Path) -> dict[str, str] | None:
 
 def _import_client() -> Any:
     try:
-        from mlflow.tracking import MlflowClient
+        from mlflow.tracking import MlflowClient  # the tracking extra
     except ImportError:
         raise SinkUnavailable(MISSING) from None
     return MlflowClient
@@ -301,7 +301,7 @@ def _open_run(client: Any, job: Job, uri: str, storage: RunStorage) -> tuple[str
 
 
 def _active(client: Any, run_id: str) -> bool:
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # the tracking extra
 
     try:
         return bool(client.get_run(run_id).info.lifecycle_stage == "active")
@@ -311,7 +311,7 @@ def _active(client: Any, run_id: str) -> bool:
 
 def _experiment_id(client: Any, job: Job) -> str:
     """The experiment's id, created if new (with artifacts beside the default store)."""
-    from mlflow.exceptions import MlflowException
+    from mlflow.exceptions import MlflowException  # the tracking extra
 
     name = job.tracking.mlflow.experiment
     found = client.get_experiment_by_name(name)
@@ -330,7 +330,7 @@ def _experiment_id(client: Any, job: Job) -> str:
 
 
 def _run_tags(job: Job, ctx: WorkerContext) -> list[Any]:
-    from mlflow.entities import RunTag
+    from mlflow.entities import RunTag  # the tracking extra
 
     tags = {
         "convoy.strategy": job.strategy.name,

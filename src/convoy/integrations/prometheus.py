@@ -34,7 +34,7 @@ class PrometheusSink(Sink):
     name = "prometheus"
 
     def __init__(self, run: str, rank: int) -> None:
-        from ray.util.metrics import Counter, Gauge
+        from ray.util.metrics import Counter, Gauge  # the ray extra
 
         self.rank = rank
         self.tags = {"run": run, "rank": str(rank)}

@@ -91,7 +91,7 @@ class RayTrainReportSink(Sink):
         self._raise_if_failed()
 
     def _report_in_order(self) -> None:
-        import ray.train
+        import ray.train  # the ray extra
         from ray.train import CheckpointUploadMode
 
         while (item := self._queue.get()) is not _DONE:

@@ -21,6 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from convoy.config import Job
 from convoy.distributed import WorkerContext
 from convoy.engine.events import (
@@ -54,7 +56,7 @@ MISSING = (
 def build(job: Job, ctx: WorkerContext) -> Sink:
     """A TensorBoard sink writing into the run directory (``s3://`` runs stage locally)."""
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        from torch.utils.tensorboard import SummaryWriter  # the tracking extra (tensorboard)
     except ImportError:
         raise SinkUnavailable(MISSING) from None
     storage = RunStorage.at(job.run_uri)
@@ -87,8 +89,6 @@ class TensorBoardSink(Sink):
         self.upload = upload
 
     def on_start(self, event: StartEvent) -> None:
-        import yaml
-
         text = yaml.safe_dump(event.job, sort_keys=False)
         self.writer.add_text("recipe", _code_block(text, "yaml"), 0)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -155,8 +156,6 @@ class KubeApi:
         if not configuration.verify_ssl:
             # The kubeconfig asks for insecure-skip-tls-verify: the user knows; one warning
             # per request would bury the output.
-            import warnings
-
             urllib3 = require("urllib3")
             warnings.filterwarnings("ignore", category=urllib3.exceptions.InsecureRequestWarning)
         return cls(k8s.client.ApiClient(configuration))

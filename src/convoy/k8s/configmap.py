@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from convoy.config import Job
+from convoy.config import Job, job_from_dict
 from convoy.errors import ConfigError
 from convoy.k8s import naming
 
@@ -37,8 +37,6 @@ RECIPE_PATH = "/etc/convoy/recipe.yaml"  # convoy.k8s.render.RECIPE_PATH
 
 def recipe_job(text: str) -> Job:
     """The recipe a ConfigMap carries, loaded as ``convoy train`` in the pod will load it."""
-    from convoy.config import job_from_dict
-
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:

@@ -12,7 +12,8 @@ from typing import Any
 
 from convoy.errors import ConfigError
 from convoy.k8s.configmap import RECIPE_PATH, recipe_job
-from convoy.k8s.policy import _pod_templates
+from convoy.k8s.policy import pod_templates
+from convoy.k8s.quantities import pod_range
 
 
 def cross_problems(manifests: list[dict[str, Any]]) -> list[str]:
@@ -26,7 +27,7 @@ def cross_problems(manifests: list[dict[str, Any]]) -> list[str]:
         if obj.get("kind") not in ("RayJob", "RayCluster", "PyTorchJob") or not configmaps:
             continue
         label = f"{obj['kind']}/{obj.get('metadata', {}).get('name', '')}"
-        for where, pod in _pod_templates(obj):
+        for where, pod in pod_templates(obj):
             problems += _recipe_mount_problems(obj, label, where, pod, configmaps)
         problems += _worker_count_problems(obj, label, configmaps)
     return problems
@@ -87,9 +88,7 @@ def _recipe_mount_problems(
 def _worker_count_problems(
     obj: dict[str, Any], label: str, configmaps: dict[Any, dict[str, Any]]
 ) -> list[str]:
-    from convoy.k8s.render import pod_range
-
-    pods = dict(_pod_templates(obj))
+    pods = dict(pod_templates(obj))
     names = {cm for pod in pods.values() for cm in _configmap_mounts(pod).values()}
     key = PurePosixPath(RECIPE_PATH).name
     texts = [configmaps[n].get("data", {}).get(key) for n in names if n in configmaps]

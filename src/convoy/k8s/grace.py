@@ -17,10 +17,17 @@ hold a save:
 from __future__ import annotations
 
 import functools
+import json
 import math
 from typing import Any
 
-from convoy.config import Job
+import torch
+
+from convoy.checkpoint import committed_checkpoints, read_meta
+from convoy.config import Job, job_from_dict
+from convoy.plan.model import build_raw, load_source
+from convoy.storage import RunStorage
+from convoy.strategies import strategy_class
 
 PLANNED_WRITE_BYTES_PER_S = 100 * 2**20
 """A conservative write rate from one pod to shared storage (a network volume or S3)."""
@@ -62,8 +69,6 @@ def planned_save_seconds(job: Job) -> float | None:
 def checkpoint_bytes_per_pod(job: Job) -> int | None:
     """The model and optimizer state one pod writes: 4 bytes per fp32 parameter plus the
     optimizer's state, split over the pods where the strategy shards it."""
-    from convoy.strategies import strategy_class
-
     count = _parameter_count(job.model_dump_json(include={"model", "data"}))
     if count is None:
         return None
@@ -84,13 +89,6 @@ def _parameter_count(model_and_data: str) -> int | None:
     """Parameters of the job's model, built on the meta device from the data's shapes
     (cached: a render builds it once per model and data); None when it cannot be built
     here."""
-    import json
-
-    import torch
-
-    from convoy.config import job_from_dict
-    from convoy.plan.model import build_raw, load_source
-
     try:
         job = job_from_dict(json.loads(model_and_data))
         source = load_source(job)
@@ -123,9 +121,6 @@ def grace_warnings(job: Job, manifests: list[dict[str, Any]]) -> list[str]:
 
 def last_measured_save(job: Job) -> tuple[str, float] | None:
     """The latest committed checkpoint of the job's run and its save time, if readable."""
-    from convoy.checkpoint import committed_checkpoints, read_meta
-    from convoy.storage import RunStorage
-
     try:
         storage = RunStorage.at(job.run_uri)
         found = committed_checkpoints(storage)

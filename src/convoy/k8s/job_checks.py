@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 from convoy.config import Job
 from convoy.errors import ConfigError
 from convoy.k8s import naming
+from convoy.k8s.quantities import parse_quantity, pod_range, version_tuple, worker_cpu, worker_gpus
 
 
 def check_job(job: Job, kind: str, name: str) -> None:
@@ -190,8 +191,6 @@ def _system_path(path: PurePosixPath) -> bool:
 
 
 def _check_fit(job: Job, kind: str, name: str) -> None:
-    from convoy.k8s.render import parse_quantity, worker_cpu, worker_gpus
-
     k8s, scaling = job.k8s, job.scaling
     per_pod = k8s.workers_per_pod
     for field, text in [
@@ -247,8 +246,6 @@ def _check_fit(job: Job, kind: str, name: str) -> None:
 
 
 def _check_scaling(job: Job, kind: str, name: str) -> None:
-    from convoy.k8s.render import pod_range
-
     k8s, scaling = job.k8s, job.scaling
     _, high = pod_range(job)
     if kind == "pytorchjob":
@@ -289,7 +286,7 @@ def _check_scaling(job: Job, kind: str, name: str) -> None:
             f"the whole job's deadline is below k8s.pre_running_deadline_s "
             f"{k8s.pre_running_deadline_s} (the time allowed to start); raise it or lower that",
         )
-    if _version(k8s.ray_version) < (2, 52, 0):
+    if version_tuple(k8s.ray_version) < (2, 52, 0):
         raise ConfigError(
             "k8s.ray_version",
             k8s.ray_version,
@@ -309,11 +306,6 @@ def _check_recipe(job: Job, kind: str, name: str) -> None:
     for field, text in [("k8s.tmp_size", job.k8s.tmp_size)]:
         if not QUANTITY.match(str(text)):
             raise ConfigError(field, text, "a Kubernetes quantity, e.g. 8Gi, 512Mi or 4")
-
-
-def _version(text: str) -> tuple[int, ...]:
-    parts = re.findall(r"\d+", text)[:3]
-    return tuple(int(p) for p in parts) if parts else (0,)
 
 
 QUANTITY = re.compile(

@@ -10,7 +10,7 @@ from typing import Any
 import yaml
 
 from convoy.k8s import naming
-from convoy.k8s.job_checks import _version
+from convoy.k8s.quantities import version_tuple
 
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "SidecarMode", "InteractiveMode")
 GATED_CLUSTER_FIELDS = {
@@ -126,7 +126,7 @@ def cluster_spec_problems(spec: dict[str, Any], at: str) -> list[str]:
     problems += _group_problems(head, f"{at}.headGroupSpec", autoscaling and _autoscaler_v2(spec))
     if spec.get("authOptions", {}).get("mode") == "token":
         version = spec.get("rayVersion", "")
-        if not version or _version(version) < (2, 52, 0):
+        if not version or version_tuple(version) < (2, 52, 0):
             problems.append(
                 f"{at}.rayVersion: got {version!r}; authOptions.mode 'token' needs 2.52.0 or later"
             )
@@ -178,7 +178,7 @@ def _autoscaler_v2(spec: dict[str, Any]) -> bool:
     if "RAY_enable_autoscaler_v2" in env:
         return env["RAY_enable_autoscaler_v2"] in ("1", "true")
     # Unset: Ray 2.47 and later default to v2.
-    return _version(spec.get("rayVersion", "")) >= (2, 47, 0)
+    return version_tuple(spec.get("rayVersion", "")) >= (2, 47, 0)
 
 
 def _restart_policy(group: dict[str, Any]) -> str:

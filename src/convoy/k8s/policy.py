@@ -1,5 +1,5 @@
 """Convoy's floor for pods: no privileged containers, host namespaces or root, and a
-dashboard that is not exposed outside the cluster; plus ``_pod_templates``, every pod
+dashboard that is not exposed outside the cluster; plus ``pod_templates``, every pod
 template of a RayJob, RayCluster or PyTorchJob with its path.
 """
 
@@ -13,7 +13,7 @@ from convoy.k8s.schema import CRD_FILES
 def pod_policy_problems(obj: dict[str, Any]) -> list[str]:
     """No privileged containers, host namespaces or root; the dashboard stays in-cluster."""
     problems = []
-    for where, pod in _pod_templates(obj):
+    for where, pod in pod_templates(obj):
         spec = pod.get("spec", {})
         for key in ("hostNetwork", "hostPID", "hostIPC"):
             if spec.get(key):
@@ -40,7 +40,8 @@ def pod_policy_problems(obj: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _pod_templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+def pod_templates(obj: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Every pod template of a RayJob, RayCluster or PyTorchJob, with its path in ``obj``."""
     spec = obj.get("spec", {})
     if obj.get("kind") == "PyTorchJob":
         return [

@@ -31,7 +31,9 @@ from convoy.config import Job, job_to_yaml
 from convoy.engine.stop import GRACE_ENV
 from convoy.k8s import naming
 from convoy.k8s.grace import PRESTOP_MARGIN_S, grace_period_s
+from convoy.k8s.quantities import parse_quantity, pod_range, quantity, worker_cpu, worker_gpus
 from convoy.k8s.validate import check_job
+from convoy.launchers.base import resolve_run
 
 RECIPE_DIR = "/etc/convoy"
 RECIPE_PATH = f"{RECIPE_DIR}/recipe.yaml"
@@ -76,8 +78,6 @@ def cluster_job(job: Job, kind: str) -> tuple[Job, str]:
     run directory (and a resubmitted job resumes from its checkpoint). A local storage_dir
     moves under the PVC's mount and is declared shared; ``s3://`` stays as it is.
     """
-    from convoy.launchers.base import resolve_run
-
     generated = job.run.name is None
     run_name = resolve_run(job).run.name if generated else job.run.name
     run: dict[str, Any] = {"name": run_name}
@@ -105,14 +105,6 @@ def cluster_job(job: Job, kind: str) -> tuple[Job, str]:
     )
     name = naming.resource_name(resolved, kind, generated=generated and not job.k8s.name)
     return resolved, name
-
-
-def pod_range(job: Job) -> tuple[int, int]:
-    """(min, max) worker pods for the (possibly elastic) number of train workers."""
-    per_pod = job.k8s.workers_per_pod
-    low = math.ceil(job.scaling.min_workers / per_pod)
-    high = math.ceil(job.scaling.max_workers / per_pod)
-    return low, high
 
 
 def recipe_configmap(job: Job, name: str, kind: str) -> dict[str, Any]:
@@ -147,25 +139,9 @@ def recipe_command(job: Job, program: list[str]) -> str:
 # Pods
 
 
-def _quantity(value: float) -> str:
-    return str(int(value)) if float(value).is_integer() else f"{round(value * 1000)}m"
-
-
-def worker_cpu(job: Job) -> float:
-    return job.k8s.worker_cpu or job.scaling.cpus_per_worker * job.k8s.workers_per_pod
-
-
-def worker_gpus(job: Job) -> int:
-    if job.k8s.worker_gpus is not None:
-        return job.k8s.worker_gpus
-    if not job.scaling.use_gpu:
-        return 0
-    return math.ceil((job.scaling.gpus_per_worker or 1.0) * job.k8s.workers_per_pod)
-
-
 def worker_resources(job: Job) -> dict[str, str]:
     k8s = job.k8s
-    amounts = {"cpu": _quantity(worker_cpu(job)), "memory": k8s.worker_memory}
+    amounts = {"cpu": quantity(worker_cpu(job)), "memory": k8s.worker_memory}
     if worker_gpus(job):
         amounts[k8s.gpu_resource] = str(worker_gpus(job))
     return {**amounts, **k8s.extra_resources}
@@ -181,7 +157,7 @@ def head_shm(job: Job) -> str:
 
 
 def head_resources(job: Job) -> dict[str, str]:
-    return {"cpu": _quantity(job.k8s.head_cpu), "memory": job.k8s.head_memory}
+    return {"cpu": quantity(job.k8s.head_cpu), "memory": job.k8s.head_memory}
 
 
 @dataclass(frozen=True)
@@ -508,21 +484,6 @@ def _start_flags(group: dict[str, Any]) -> list[str]:
     if "memory" not in params and "memory" in limits:
         params["memory"] = str(int(parse_quantity(limits["memory"])))
     return [f"--{key}={value}" for key, value in sorted(params.items())]
-
-
-_SUFFIXES = {
-    "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50,
-}  # fmt: skip
-
-
-def parse_quantity(text: str | int | float) -> float:
-    """A Kubernetes quantity (``500m``, ``8Gi``, ``2``) as a number."""
-    value = str(text)
-    for suffix in sorted(_SUFFIXES, key=len, reverse=True):
-        if value.endswith(suffix):
-            return float(value[: -len(suffix)]) * _SUFFIXES[suffix]
-    return float(value)
 
 
 class _Dumper(yaml.SafeDumper):

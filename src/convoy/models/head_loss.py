@@ -93,6 +93,7 @@ def _autocast_on(tensor: torch.Tensor) -> bool:
 
 
 def _is_sharded(weight: torch.Tensor) -> bool:
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
     from torch.distributed.tensor import DTensor
 
     return isinstance(weight, DTensor)

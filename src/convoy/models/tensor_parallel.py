@@ -25,6 +25,7 @@ def pre_norm_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[str, Any]:
     """The plan for ``blocks`` of pre-norm transformer blocks (``attn``: a ``SelfAttention``,
     ``mlp``: Linear, activation, Linear), under ``blocks.*``. Raises ``ValueError`` where
     ``tp_size`` does not divide the heads or the MLP's width."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
     from convoy.strategies.tensor_parallel import ReplicateParallel
@@ -57,6 +58,7 @@ def sequence_parallel_block_plan(blocks: nn.ModuleList, tp_size: int) -> dict[st
     and MLP, and the row-wise outputs are reduce-scattered back (the same bytes as the
     all-reduce they replace). The first block cuts the stream; the model's final ``norm``
     gathers it back. Needs sequences whose length ``tp_size`` divides."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
     from torch.distributed.tensor import Replicate, Shard
     from torch.distributed.tensor.parallel import (
         PrepareModuleInput,

@@ -36,7 +36,11 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 
+from convoy.batches import tensors_in
 from convoy.config import Job
 from convoy.engine.amp import Precision
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
@@ -44,7 +48,6 @@ from convoy.engine.step import StepHooks, StepParts, train_step
 from convoy.errors import ConfigError, one_of
 from convoy.plan.format import format_table
 from convoy.plan.job import compute_dtype, layout_job, micro_batch
-from convoy.plan.measure import tensors_in
 from convoy.plan.model import (
     ModelSource,
     build_raw,
@@ -149,8 +152,6 @@ def track(
 
 
 def _tracked_run(job: Job, source: ModelSource) -> Tracked:
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     name, size = job.strategy.name, job.scaling.max_workers
     tracking = strategy_class(name).memory_tracking
     assert tracking is not None, "track() measures only the model state of the others"
@@ -222,6 +223,7 @@ STEPS = 3
 
 def _tracker(kind: str, parts: StepParts, batches: list[tuple[Any, Any]]) -> Any:
     """The torch memory tracker named ``kind``, following the model, optimizer and inputs."""
+    # Not optional, but they load Dynamo (2-3 s): only a check pays it.
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
     from torch.distributed._tools.mem_tracker import MemTracker
 
@@ -301,9 +303,6 @@ def _bucket_as_is(process_group, bucket):  # type: ignore[no-untyped-def,unused-
 def _local_bytes(tensors: Any) -> int:
     """Bytes of the distinct storages behind ``tensors`` (DTensors: this rank's shard);
     0-d tensors (step counters) are left out, as the plan leaves them out."""
-    from torch.distributed.tensor import DTensor
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     seen: dict[Any, int] = {}
     for tensor in tensors:
         if not isinstance(tensor, torch.Tensor):

@@ -13,12 +13,20 @@ from typing import Any
 
 import torch
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from convoy.batches import tensors_in
 from convoy.config import Job
 from convoy.engine.schedule import make_optimizer
 from convoy.plan.job import compute_dtype
 from convoy.plan.model import ModelSource, build_skeleton, fake_batch, fake_process_group, to_fake
+from convoy.strategies.blocks import checkpointed_blocks, prepare_blocks
+from convoy.tasks import build_task
 
 
 @dataclass(frozen=True)
@@ -70,8 +78,6 @@ class _LiveBytes(TorchDispatchMode):
         self._refs: dict[Any, weakref.ref[Any]] = {}
 
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         out = func(*args, **(kwargs or {}))
         for tensor in tensors_in(out):
             storage = tensor.untyped_storage()
@@ -91,8 +97,6 @@ class _LiveBytes(TorchDispatchMode):
         self.live -= self._sizes.pop(key, 0)
 
     def forget(self, tensor: torch.Tensor | None) -> None:
-        from torch.multiprocessing.reductions import StorageWeakRef
-
         if tensor is not None:
             key = StorageWeakRef(tensor.untyped_storage())
             self.grads += self._sizes.get(key, 0)
@@ -106,12 +110,6 @@ def measure_activations(
     the storages autograd saves; then run backward and measure its transient (see
     ``Activations.backward``). ``cast_params``: the dtype FSDP computes in (its parameters
     are cast), or ``None`` for autocast (single/ddp) in the job's precision."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.multiprocessing.reductions import StorageWeakRef
-
-    from convoy.strategies.blocks import checkpointed_blocks, prepare_blocks
-    from convoy.tasks import build_task
-
     task = build_task(job.task.name, job.task.kwargs)
     mode = FakeTensorMode()
     inputs, targets = fake_batch(source.sample, rows, mode)
@@ -204,8 +202,6 @@ def measure_activations(
 
 
 def _keep_inputs(args: Any, saved: dict[Any, int], owned: set[Any]) -> None:
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     for tensor in tensors_in(args):
         ref = StorageWeakRef(tensor.untyped_storage())
         if ref not in owned:
@@ -214,8 +210,6 @@ def _keep_inputs(args: Any, saved: dict[Any, int], owned: set[Any]) -> None:
 
 def _storage_bytes(tensors: Sequence[torch.Tensor]) -> int:
     """Bytes of the distinct storages behind ``tensors``."""
-    from torch.multiprocessing.reductions import StorageWeakRef
-
     sizes = {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in tensors}
     return sum(sizes.values())
 
@@ -228,17 +222,6 @@ def _cast_floats(value: Any, dtype: torch.dtype) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_cast_floats(item, dtype) for item in value)
     return value
-
-
-def tensors_in(value: Any) -> list[torch.Tensor]:
-    """Every tensor in ``value`` (a tensor, or dicts, lists and tuples of them)."""
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, dict):
-        return [t for item in value.values() for t in tensors_in(item)]
-    if isinstance(value, (list, tuple)):
-        return [t for item in value for t in tensors_in(item)]
-    return []
 
 
 @dataclass(frozen=True)
@@ -257,7 +240,7 @@ def measure_optimizer(
     ``fsdp2_world_size``: ``shapes`` are whole parameters that ``fully_shard`` splits over
     that many ranks of a fake process group; the step then runs on DTensor shards, whose
     foreach path allocates more than plain tensors'."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    # Not optional, but it loads Dynamo (2-3 s): only a plan that measures pays it.
     from torch.distributed._tools.mem_tracker import MemTracker
 
     mode = FakeTensorMode()
@@ -265,9 +248,6 @@ def measure_optimizer(
         with mode:
             holder = nn.ParameterList(nn.Parameter(torch.empty(shape)) for shape in shapes)
         if fsdp2_world_size is not None:
-            from torch.distributed.device_mesh import init_device_mesh
-            from torch.distributed.fsdp import fully_shard
-
             # Outside the fake mode: it builds its device mesh. A CPU mesh: the parameters
             # are CPU ones, and the default mesh is the machine's accelerator where it has one.
             mesh = init_device_mesh("cpu", (fsdp2_world_size,))
@@ -309,8 +289,6 @@ def _warm_up(optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> No
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
-
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 

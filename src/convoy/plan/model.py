@@ -14,10 +14,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.testing._internal.distributed.fake_pg import FakeStore
 
 from convoy.config import Job, tp_size_of
+from convoy.data.registry import load_splits
 from convoy.errors import ConfigError, ConvoyError
+from convoy.models.registry import build_model
+from convoy.preflight import sample_batch
+from convoy.strategies.base import transformer_blocks
 
 # Data sources that read files only for their values: when the files are missing, plan
 # with a source of the same shapes (memory does not depend on pixel values).
@@ -38,9 +44,6 @@ class ModelSource:
 def load_source(job: Job) -> ModelSource:
     """Load the data once for its shapes and a sample batch (a stand-in of the same shapes
     when a file-backed source's files are missing), and probe a meta-device build."""
-    from convoy.data.registry import load_splits
-    from convoy.preflight import sample_batch
-
     notes: list[str] = []
     data_cfg = job.data
     try:
@@ -72,8 +75,6 @@ def load_source(job: Job) -> ModelSource:
 
 
 def build_raw(job: Job, shape: dict[str, int]) -> nn.Module:
-    from convoy.models.registry import build_model
-
     return build_model(job.model.name, job.model.kwargs, shape)
 
 
@@ -98,6 +99,7 @@ def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:
     attention sees its own heads). Sequence parallelism is played by hooks with the same
     tensors' sizes: the stream cut to 1 / tp of the tokens, gathered whole (a new tensor) into
     the split layers, their row-wise outputs reduce-scattered (a new tensor) back; in place."""
+    # DTensor's modules take 1-2 s to import: only tensor parallelism pays them.
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,
         PrepareModuleInput,
@@ -144,7 +146,7 @@ def _play_input_layouts(module: nn.Module, style: Any, tp_size: int) -> None:
 
 
 def _is_shard(placement: Any) -> bool:
-    from torch.distributed.tensor import Shard
+    from torch.distributed.tensor import Shard  # DTensor: 1-2 s to import
 
     return isinstance(placement, Shard) and placement.dim == 1
 
@@ -208,8 +210,6 @@ def wrap_units(model: nn.Module) -> list[list[nn.Parameter]]:
 def blocks_and_root(model: nn.Module) -> tuple[list[list[nn.Parameter]], list[nn.Parameter]]:
     """``wrap_units`` apart: the blocks' parameter groups in model order (the order they run
     in forward), and the root's remaining parameters (possibly none)."""
-    from convoy.strategies.base import transformer_blocks
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the strategy says it when it wraps; the plan notes it
         blocks = transformer_blocks(model)
@@ -243,8 +243,6 @@ def local_shapes(params: Sequence[torch.Tensor], shards: int) -> list[tuple[int,
 def fake_process_group(world_size: int, needed: bool = True) -> Iterator[None]:
     """A ``fake`` process group of ``world_size`` ranks with this process as rank 0
     (collectives return at once and move nothing), destroyed afterwards."""
-    import torch.distributed as dist
-
     if not needed:
         yield
         return
@@ -254,8 +252,6 @@ def fake_process_group(world_size: int, needed: bool = True) -> Iterator[None]:
             "initialized",
             "planning needs a process without one; run it in the driver",
         )
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
     try:
         yield
@@ -271,6 +267,7 @@ def _forget_dtensor_plans() -> None:
     destroyed group's names."""
     if "torch.distributed.tensor" not in sys.modules:
         return
+    # Imported only once DTensor is loaded: nothing to forget before (its private module).
     from torch.distributed.tensor import DTensor
     from torch.distributed.tensor._redistribute import _gen_transform_infos
 

@@ -71,14 +71,14 @@ def _data_wait_fraction(record: dict[str, Any]) -> list[float] | None:
 def _figure_class() -> Any:
     """matplotlib's ``Figure`` on the Agg canvas; a one-line error when it is not installed."""
     try:
-        from matplotlib.figure import Figure
+        from matplotlib.figure import Figure  # the plot extra
     except ImportError:
         raise ReportError(missing_extra("convoy report", "matplotlib", "plot")) from None
     return Figure
 
 
 def _new_figure(rows: int, cols: int = 1, height: float = 3.0, width: float = 9.0) -> Any:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.backends.backend_agg import FigureCanvasAgg  # the plot extra
 
     fig = _figure_class()(figsize=(width, 0.8 + height * rows), layout="constrained", dpi=100)
     FigureCanvasAgg(fig)
@@ -209,7 +209,7 @@ def _draw_epoch_metric(ax: Any, run: RunData, name: str, index: int, count: int)
 
 def _split_legend(fig: Any, runs: Sequence[RunData]) -> None:
     """Colors name the runs and line styles the splits, in one legend below the panels."""
-    from matplotlib.lines import Line2D
+    from matplotlib.lines import Line2D  # the plot extra
 
     handles = [Line2D([], [], color="0.3", label=s, **SPLIT_STYLES[s]) for s in SPLITS]
     if len(runs) > 1:

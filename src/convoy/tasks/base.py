@@ -21,6 +21,7 @@ from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
+from torch.utils.data import Subset, TensorDataset
 from torchmetrics import Metric
 
 Mode = Literal["min", "max"]
@@ -113,8 +114,6 @@ def targets_of(dataset: Any, limit: int) -> torch.Tensor:
     """The targets of (up to ``limit`` items of) a dataset, stacked, read without decoding
     inputs where the dataset holds them apart (``TensorDataset``, in-memory images,
     encoded-image records, ``Subset`` of those)."""
-    from torch.utils.data import Subset, TensorDataset
-
     if isinstance(dataset, Subset):
         parent = dataset.dataset
         return targets_of(parent, len(parent))[list(dataset.indices)][:limit]  # type: ignore[arg-type]

@@ -14,7 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from convoy.config import job_to_yaml, set_field
+from convoy.errors import ConvoyError
+from convoy.imports import installed, missing_extra
 from convoy.outputs import METRICS_FILE, SUMMARY_FILE
+from convoy.report import make_report
 from convoy.tune.space import job_with
 from convoy.tune.sweep import Sweep, SweepOutcome
 
@@ -226,16 +229,11 @@ def _has_records(path: Path) -> bool:
 def write_sweep_report(sweep: Sweep, rows: list[TrialRow]) -> str:
     """``convoy report`` over the trials that logged metrics, into ``<sweep>/report/``; returns
     the line to print (the page, or why there is none)."""
-    from convoy.errors import ConvoyError
-    from convoy.imports import installed, missing_extra
-
     if not installed("matplotlib"):
         return f"report: skipped; {missing_extra('the sweep report', 'matplotlib', 'plot')}"
     runs = [str(row.run_dir) for row in rows if _has_records(row.run_dir / METRICS_FILE)]
     if not runs:
         return "report: skipped (no trial logged metrics)"
-    from convoy.report import make_report
-
     try:
         _, paths = make_report(runs, sweep.sweep_dir / REPORT_DIR)
     except ConvoyError as exc:

@@ -236,7 +236,7 @@ def trial_count(dims: list[Dim], search: str, samples: int) -> int:
 
 def tune_domains(dims: list[Dim], search: str) -> dict[str, Any]:
     """Ray Tune's ``param_space`` for the dims (flat dotted keys)."""
-    from ray import tune
+    from ray import tune  # the ray extra
 
     space: dict[str, Any] = {}
     for dim in dims:

@@ -29,6 +29,17 @@ from typing import Any
 
 from convoy.config import Job, apply_overrides, load_job, read_yaml, set_field
 from convoy.errors import ConfigError, ConvoyError, ResourceError, one_of
+from convoy.imports import installed, missing_extra
+from convoy.launchers.ray import (
+    RayCluster,
+    alive_node_resources,
+    ensure_ray,
+    import_ray,
+    placeable_workers,
+    prepare_on_cluster,
+    worker_resources,
+)
+from convoy.preflight import preflight
 from convoy.storage import is_remote
 from convoy.tune.space import (
     Dim,
@@ -260,8 +271,6 @@ def _check_scheduler(scheduler: str | None) -> str:
 
 def check_optuna() -> None:
     """``--search optuna`` needs the optional ``optuna`` package."""
-    from convoy.imports import installed, missing_extra
-
     if not installed("optuna"):
         raise SweepError(missing_extra("--search optuna", "optuna", "tune"))
 
@@ -273,8 +282,6 @@ def _default_name(recipe: str | None) -> str:
 
 def _trial_size(job: Job) -> tuple[float, float]:
     """GPUs, then CPUs, that one trial's worker group asks for."""
-    from convoy.launchers.ray import worker_resources
-
     request = worker_resources(job)
     workers = job.scaling.max_workers
     return workers * request.get("GPU", 0.0), workers * request.get("CPU", 0.0)
@@ -288,8 +295,6 @@ def check_metric(job: Job, metric: str, mode: str | None) -> tuple[str, str]:
     (``Task.rankable`` on the real data's shape), and resolves its mode: the check is run on
     the recipe with the sweep's metric in that field, so the data is loaded once.
     """
-    from convoy.preflight import preflight
-
     if mode is not None:
         _check_mode(mode)
     same = metric == job.checkpoint.best_metric
@@ -406,13 +411,6 @@ class SweepOutcome:
 
 def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -> SweepOutcome:
     """Connect to (or start) Ray and run the sweep to its end, or until interrupted."""
-    from convoy.launchers.ray import (
-        RayCluster,
-        ensure_ray,
-        import_ray,
-        prepare_on_cluster,
-    )
-
     ray = import_ray()
     cluster = RayCluster.from_env()
     # The dashboard's state API lets Ray Train free the workers of a trial ASHA stops.
@@ -476,8 +474,6 @@ def sigterm_as_sigint() -> Iterator[None]:
 def concurrency(ray: Any, sweep: Sweep) -> int:
     """Trials at once: ``--max-concurrent``, lowered to what the cluster can hold; by default
     all it can hold (its CPUs and GPUs // one trial's worker group, and its driver slots)."""
-    from convoy.launchers.ray import alive_node_resources, placeable_workers, worker_resources
-
     slots = int(ray.cluster_resources().get(TRIAL_DRIVER, 0.0))
     if slots < 1:
         raise ResourceError(
@@ -506,10 +502,10 @@ def concurrency(ray: Any, sweep: Sweep) -> int:
 
 def build_tuner(sweep: Sweep, concurrent: int, resume: bool, retry_errored: bool) -> Any:
     """A new ``Tuner`` for the sweep, or the interrupted one restored from its directory."""
-    from ray import tune
+    from ray import tune  # the ray extra
     from ray.tune.logger import CSVLoggerCallback, JsonLoggerCallback
 
-    from convoy.tune.trial import SweepProgress, run_trial, trial_dirname
+    from convoy.tune.trial import SweepProgress, run_trial, trial_dirname  # ray (imports ray.tune)
 
     # Tune's own TensorBoard logger would duplicate each trial's run-dir TensorBoard files
     # and print a driver_artifacts path; its CSV and JSON logs are kept (result analysis).
@@ -555,13 +551,13 @@ def build_tuner(sweep: Sweep, concurrent: int, resume: bool, retry_errored: bool
 def _search_alg(sweep: Sweep) -> Any:
     if sweep.search != "optuna":
         return None  # Ray Tune's BasicVariantGenerator: random draws, grid_search expanded
-    from ray.tune.search.optuna import OptunaSearch
+    from ray.tune.search.optuna import OptunaSearch  # the ray extra
 
     return OptunaSearch(seed=sweep.base.run.seed)
 
 
 def _scheduler(sweep: Sweep) -> Any:
-    from convoy.tune.trial import FinishingASHA
+    from convoy.tune.trial import FinishingASHA  # ray (trial imports ray.tune)
 
     if sweep.scheduler == "none":
         return None
@@ -576,7 +572,7 @@ def _scheduler(sweep: Sweep) -> Any:
 
 def live_placement_groups(ray: Any) -> set[str]:
     """Ids of the cluster's placement groups that are not removed."""
-    from ray.util import placement_group_table
+    from ray.util import placement_group_table  # the ray extra
 
     return {pg_id for pg_id, info in placement_group_table().items() if info["state"] != "REMOVED"}
 

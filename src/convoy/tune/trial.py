@@ -12,21 +12,20 @@ from typing import Any
 from ray.tune import Callback
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
+from convoy.launchers.base import default_entry
+from convoy.launchers.ray import build_trainer, fit, prepare_on_cluster
+from convoy.launchers.ray_local import on_private_ray
+from convoy.outputs import write_config
+from convoy.preflight import resolve_tracking
 from convoy.tune.space import job_with, set_field
 
 
 def run_trial(config: dict[str, Any], recipe: dict[str, Any]) -> None:
     """One trial, as Ray Tune calls it: a Convoy run named after the trial id, fitted by Ray
     Train with every report handed to Tune. Runs in the trial's driver actor."""
-    import ray
+    import ray  # the ray extra
     from ray import tune
     from ray.tune.integration.ray_train import TuneReportCallback
-
-    from convoy.launchers.base import default_entry
-    from convoy.launchers.ray import build_trainer, fit, prepare_on_cluster
-    from convoy.launchers.ray_local import on_private_ray
-    from convoy.outputs import write_config
-    from convoy.preflight import resolve_tracking
 
     # Inside a Tune function: ray.tune.get_context (ray.train.* refuses to run here). The
     # run is named after the trial id, so a re-launched trial finds its Ray Train state.
