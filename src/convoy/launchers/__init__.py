@@ -35,9 +35,9 @@ def _class_in_module(name: str) -> type[Launcher]:
     module = importlib.import_module(f"{__name__}.{name}")
     for value in vars(module).values():
         # The base class names no launcher (``name`` is set by each subclass).
-        if isinstance(value, type) and issubclass(value, Launcher):
-            if getattr(value, "name", None) == name:
-                return value
+        is_launcher = isinstance(value, type) and issubclass(value, Launcher)
+        if is_launcher and getattr(value, "name", None) == name:
+            return value
     raise ImportError(f"{module.__name__} defines no Launcher subclass with name = {name!r}")
 
 
