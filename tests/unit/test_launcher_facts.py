@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from typing import get_args
 
 import pytest
 
@@ -16,6 +17,7 @@ from convoy.config import (
     LOADER_NAMES,
     LocalLauncherConfig,
     RayLauncherConfig,
+    ScalingConfig,
     TorchrunConfig,
     load_job,
     world_sizes,
@@ -26,6 +28,7 @@ from convoy.launchers import get_launcher, launcher_class
 
 def test_the_list_of_launchers_is_the_schemas() -> None:
     assert LAUNCHER_NAMES == ("local", "torchrun", "ray")
+    assert get_args(ScalingConfig.model_fields["launcher"].annotation) == LAUNCHER_NAMES
     assert LOADER_NAMES == ("torch", "ray_data")
     assert all(model.takes_loader("torch") for model in LAUNCHER_MODELS.values())
 
