@@ -142,7 +142,7 @@ def check_loader(job: Job, splits: Splits, sample: tuple[Any, Any]) -> None:
             "in a background thread of each train worker, not by DataLoader processes; "
             "leave it 0",
         )
-    if job.data.loader != "ray_data":
+    if not job.data_from_driver:
         return
     for what, value in zip(("inputs", "targets"), sample, strict=True):
         if not isinstance(value, torch.Tensor):

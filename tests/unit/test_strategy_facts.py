@@ -1,7 +1,9 @@
 """Each strategy's class carries what the rest of Convoy asks about it: the facts pinned here
 are the ones the planner, ``plan --check``, ``bench compare`` and the Lightning integration
 used when they still branched on the strategy's name. Outside ``convoy/strategies/`` no code
-spells a strategy's name (config.py's one list of config models aside)."""
+spells a strategy's name (``convoy/config/strategy.py``'s one list of config models aside),
+and outside ``convoy/launchers/`` none compares a launcher's or a data loader's name: it asks
+the launcher's class (``job.scaling.launcher_section``)."""
 
 from __future__ import annotations
 
@@ -14,7 +16,15 @@ from typing import Any
 import pytest
 
 import convoy
-from convoy.config import STRATEGY_MODELS, STRATEGY_NAMES, load_job, micro_batch, split_batch
+from convoy.config import (
+    LAUNCHER_NAMES,
+    LOADER_NAMES,
+    STRATEGY_MODELS,
+    STRATEGY_NAMES,
+    load_job,
+    micro_batch,
+    split_batch,
+)
 from convoy.errors import ConfigError
 from convoy.plan import strategy_order
 from convoy.strategies import strategy_class, strategy_classes
@@ -24,7 +34,7 @@ SRC = Path(convoy.__file__).parent
 
 def _name_literals(path: Path) -> list[str]:
     """Every place in ``path`` that spells a strategy name as a string literal, but
-    docstrings and the ``name`` field of config.py's strategy config models."""
+    docstrings and the ``name`` field of the strategy config models (``config/strategy.py``)."""
     tree = ast.parse(path.read_text(), str(path))
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     found = []
@@ -33,7 +43,7 @@ def _name_literals(path: Path) -> list[str]:
             continue
         if isinstance(parents.get(node), ast.Expr):  # a docstring
             continue
-        if path.name == "config.py" and _in_name_field(node, parents):
+        if path.parts[-2:] == ("config", "strategy.py") and _in_name_field(node, parents):
             continue
         found.append((node.lineno, node.col_offset, node.value))
     return [f"{path}:{line}: {value!r}" for line, _, value in sorted(found)]
@@ -68,6 +78,51 @@ def test_the_scan_finds_a_comparison(tmp_path: Path) -> None:
     assert hits == ["'fsdp2'", "'ddp'", "'fsdp'", "'fsdp'"]
 
 
+def _compared_names(path: Path, names: set[str]) -> list[str]:
+    """Every comparison in ``path`` (``==``, ``!=``, ``in``, ``not in``...) with one of
+    ``names`` as a string literal on either side, alone or in a tuple, list or set."""
+    tree = ast.parse(path.read_text(), str(path))
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Compare):
+            continue
+        for side in (node.left, *node.comparators):
+            items = side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set)) else [side]
+            found += [
+                (item.lineno, item.col_offset, item.value)
+                for item in items
+                if isinstance(item, ast.Constant) and item.value in names
+            ]
+    return [f"{path}:{line}: {value!r}" for line, _, value in sorted(found)]
+
+
+LAUNCHER_AND_LOADER_NAMES = {*LAUNCHER_NAMES, *LOADER_NAMES}
+
+
+def test_no_launcher_or_loader_name_is_compared_outside_launchers() -> None:
+    files = [p for p in SRC.rglob("*.py") if "launchers" not in p.relative_to(SRC).parts]
+    found = [
+        hit for path in sorted(files) for hit in _compared_names(path, LAUNCHER_AND_LOADER_NAMES)
+    ]
+    assert not found, (
+        "ask the launcher's class (job.scaling.launcher_section, job.data_from_driver), "
+        "not its name:\n" + "\n".join(found)
+    )
+
+
+def test_the_launcher_scan_finds_a_comparison(tmp_path: Path) -> None:
+    module = tmp_path / "tune.py"
+    module.write_text(
+        '"""ray"""\n'
+        "def f(job):\n"
+        '    if job.scaling.launcher != "ray" or job.data.loader == "ray_data":\n'
+        '        return "torchrun" in (job.scaling.launcher,) or job.scaling.launcher in ("local", "torch")\n'
+        'NAMES = {"ray": 1}\n'
+    )
+    hits = [hit.rsplit(": ", 1)[1] for hit in _compared_names(module, LAUNCHER_AND_LOADER_NAMES)]
+    assert hits == ["'ray'", "'ray_data'", "'torchrun'", "'local'", "'torch'"]
+
+
 def test_the_registry_follows_the_config_list() -> None:
     classes = strategy_classes()
     assert list(classes) == list(STRATEGY_NAMES) == ["single", "ddp", "fsdp", "fsdp2", "hsdp"]
@@ -87,6 +142,15 @@ def test_import_convoy_leaves_the_strategy_modules_unloaded() -> None:
         "assert not heavy, heavy\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_the_config_knows_what_the_class_shards() -> None:
+    """The schema's own fact (relaxed collectives need every rank to hold the whole model and
+    optimizer) agrees with the class's ``sharding``."""
+    for name, cls in strategy_classes().items():
+        sharding = cls.sharding
+        shards = sharding.parameters or sharding.optimizer_state
+        assert STRATEGY_MODELS[name].shards_model_state is shards, name
 
 
 def test_what_each_strategy_shards() -> None:

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from convoy.bench.common import spread
-from convoy.config import Job, load_job, torchrun_layout
+from convoy.config import Job, load_job
 from convoy.distributed import default_threads
 from convoy.errors import ConfigError
 from convoy.launchers import get_launcher
@@ -54,15 +54,15 @@ def pinned_threads(job: Job, largest: int) -> list[str]:
     like for like. The count the largest size gets on a node is used for every size. Under
     Ray a worker's threads follow its ``cpus_per_worker``, the same at every size.
     """
-    if job.scaling.threads_per_worker is not None or job.scaling.launcher == "ray":
+    if job.scaling.threads_per_worker is not None:
         return []
-    per_node = 1
-    if job.scaling.launcher == "torchrun":
-        scaling = job.scaling.model_copy(update={"num_workers": largest})
-        try:
-            per_node = torchrun_layout(scaling)[1]
-        except ConfigError:  # bench_job refuses this size, naming the flag
-            return []
+    scaling = job.scaling.model_copy(update={"num_workers": largest})
+    try:
+        per_node = scaling.launcher_section.workers_per_node(scaling)
+    except ConfigError:  # bench_job refuses this size, naming the flag
+        return []
+    if per_node is None:  # placed by the cluster (Ray): threads follow cpus_per_worker
+        return []
     return [f"scaling.threads_per_worker={default_threads(per_node)}"]
 
 

@@ -234,7 +234,7 @@ def build_trainer(job: Job, ctx: WorkerContext, events: Any) -> Any:
         **options,
     )
     on_ray_strategy = strategy_class(job.strategy.name).lightning.ray_strategy is not None
-    if job.scaling.launcher == "ray" and on_ray_strategy:
+    if job.scaling.launcher_section.runs_ray_train and on_ray_strategy:
         from ray.train.lightning import prepare_trainer  # the ray extra
 
         trainer = prepare_trainer(trainer)  # validates the Ray strategy and environment

@@ -264,7 +264,7 @@ def check_run_layout(job: Job) -> None:
             job.scaling.worker_bounds,
             "a lightning: job runs a fixed number of workers; give one number",
         )
-    if job.data.loader != "torch":
+    if job.data_from_driver:
         raise ConfigError(
             "data.loader",
             job.data.loader,

@@ -105,7 +105,7 @@ def build_layout(job: Job, ctx: WorkerContext) -> LightningLayout:
     strategy = lightning_strategy(job, ctx)
     if not strategy_class(job.strategy.name).requires_process_group:
         return LightningLayout(strategy, [], 1, 1)  # one device: no cluster to describe
-    if job.scaling.launcher == "ray":
+    if job.scaling.launcher_section.runs_ray_train:
         from ray.train.lightning import RayLightningEnvironment  # the ray extra
 
         environment: ClusterEnvironment = RayLightningEnvironment()
@@ -120,7 +120,7 @@ def lightning_strategy(job: Job, ctx: WorkerContext) -> Strategy:
     it has one), with the options Lightning takes from the strategy's config."""
     counterpart = strategy_class(job.strategy.name).lightning
     options = LIGHTNING_OPTIONS[counterpart.strategy](job.strategy, ctx)
-    if job.scaling.launcher == "ray" and counterpart.ray_strategy is not None:
+    if job.scaling.launcher_section.runs_ray_train and counterpart.ray_strategy is not None:
         import ray.train.lightning  # the ray extra
 
         ray_class = getattr(ray.train.lightning, counterpart.ray_strategy)

@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 import torch
 
-from convoy.config import Job
+from convoy.config import Job, LauncherSection
 from convoy.distributed import WorkerContext
 from convoy.errors import ConfigError, ResourceError
 from convoy.storage import check_writable_dir, is_remote
@@ -87,7 +87,14 @@ def default_entry(job: Job) -> WorkerEntry:
 
 
 class Launcher(ABC):
+    """Base class: check a job, then start its workers. The launcher's facts that the schema
+    and the rest of Convoy ask (worker counts and layouts, the loaders it takes and builds,
+    its checks before start) are its config model's (``convoy.config.scaling``), so that a
+    recipe loads without importing any launcher."""
+
     name: ClassVar[str]
+    config_model: ClassVar[type[LauncherSection]]
+    """The launcher's section class in ``convoy.config`` (``job.scaling.launcher_section``)."""
 
     def launch(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         """Check where the run writes (``check_run_location``) and ``job`` itself

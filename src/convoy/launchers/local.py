@@ -6,7 +6,7 @@ free loopback port, so every strategy can be debugged in-process.
 
 from __future__ import annotations
 
-from convoy.config import Job
+from convoy.config import Job, LocalLauncherConfig
 from convoy.distributed import WorkerContext, free_port
 from convoy.launchers.base import (
     TRAIN,
@@ -21,6 +21,7 @@ from convoy.outputs import write_config
 
 class LocalLauncher(Launcher):
     name = "local"
+    config_model = LocalLauncherConfig
 
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         check_local_gpus(job, workers_on_this_node=1)

@@ -298,7 +298,7 @@ def reserve_data_cpus(job: Job, nodes: list[dict[str, float]]) -> Job:
     When ``scaling.cpus_per_worker`` was not set, the train workers get the fraction that
     fits; when it was set and does not fit, the layout is refused before anything starts.
     """
-    if job.data.loader != "ray_data":
+    if not job.data_from_driver:
         return job
     check_data_resources(job, nodes)
     total = sum(node.get("CPU", 0.0) for node in nodes)
@@ -351,7 +351,7 @@ def build_trainer(
         "niceness": worker_niceness(job.scaling.ray),
     }
     data: dict[str, Any] = {}
-    if job.data.loader == "ray_data":
+    if job.data_from_driver:
         from convoy.data.ray_data import build_ray_data
 
         plan = build_ray_data(job, job.scaling.max_workers)
@@ -399,6 +399,7 @@ RAY_LOG_FILE = "ray.log"
 
 class RayLauncher(Launcher):
     name = "ray"
+    config_model = RayLauncherConfig
 
     def __init__(self, cluster: RayCluster | None = None) -> None:
         self.cluster = cluster or RayCluster.from_env()

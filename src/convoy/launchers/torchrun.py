@@ -18,7 +18,14 @@ import tempfile
 import traceback
 from pathlib import Path
 
-from convoy.config import Job, job_to_yaml, load_job, nodes_range, torchrun_layout
+from convoy.config import (
+    Job,
+    TorchrunConfig,
+    job_to_yaml,
+    load_job,
+    nodes_range,
+    torchrun_layout,
+)
 from convoy.distributed import WorkerContext, exit_without_teardown
 from convoy.engine.stop import STOPPED_EXIT_CODE, STOPPED_FILE, StopRequested, forwarded_to
 from convoy.errors import ConfigError, LaunchError
@@ -127,6 +134,7 @@ def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
 
 class TorchrunLauncher(Launcher):
     name = "torchrun"
+    config_model = TorchrunConfig
 
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         check_local_gpus(job, workers_on_this_node=procs_per_node(job))

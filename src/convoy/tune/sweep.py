@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from convoy.config import Job, apply_overrides, load_job, read_yaml, set_field
+from convoy.config import Job, RayLauncherConfig, apply_overrides, load_job, read_yaml, set_field
 from convoy.errors import ConfigError, ConvoyError, ResourceError, one_of
 from convoy.imports import installed, missing_extra
 from convoy.launchers.ray import (
@@ -161,9 +161,9 @@ def plan_sweep(
             "shared path",
         )
     data = recipe_data(recipe, overrides)
-    if job.scaling.launcher != "ray":
+    if not job.scaling.launcher_section.runs_ray_train:
         print(f"convoy: trials run on Ray Train (scaling.launcher was {job.scaling.launcher!r})")
-        data = set_field(data, "scaling.launcher", "ray")
+        data = set_field(data, "scaling.launcher", RayLauncherConfig.name)
     dims = load_space(space)
     check_search(dims, search, space)
     samples = _check_counts(job, search, samples, max_concurrent, grace_epochs, reduction_factor)
