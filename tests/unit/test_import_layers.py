@@ -45,19 +45,6 @@ def contract_names() -> list[str]:
     return re.findall(r'^name = "(.+)"$', section, re.MULTILINE)
 
 
-BROKEN_BY_OTHER_CHANGES = {
-    "Layers: each package imports only from the layers below it": (
-        "config -> strategies (config.py asks strategy_class) and commands.bench -> "
-        "cli._add_recipe_args: the config and CLI changes of issue 30 remove them"
-    ),
-    "No circles between the modules of any package": (
-        "config <-> strategies and cli <-> commands: the config and CLI changes of issue 30 "
-        "remove them"
-    ),
-}
-"""Contracts the code does not keep yet, and why. Strict: once kept, the mark must go."""
-
-
 @pytest.fixture(scope="module")
 def report() -> str:
     """What ``lint-imports`` says of the package: one line per contract, KEPT or BROKEN."""
@@ -74,18 +61,7 @@ def test_every_contract_is_checked(report: str) -> None:
         assert f"{name} KEPT" in report or f"{name} BROKEN" in report, name
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        pytest.param(
-            name,
-            marks=[pytest.mark.xfail(strict=True, reason=BROKEN_BY_OTHER_CHANGES[name])]
-            if name in BROKEN_BY_OTHER_CHANGES
-            else [],
-        )
-        for name in contract_names()
-    ],
-)
+@pytest.mark.parametrize("name", contract_names())
 def test_the_package_keeps_the_contract(report: str, name: str) -> None:
     assert f"{name} KEPT" in report, report
 
