@@ -8,7 +8,7 @@ import sys
 import textwrap
 from typing import Any
 
-from convoy.bench import allreduce, compare, scaling
+from convoy.bench import allreduce
 from convoy.bench.common import bench_name, bench_storage, load_job_without_data
 from convoy.bench.plots import check_plot_path, pyplot
 from convoy.commands.common import add_recipe_args
@@ -222,10 +222,17 @@ def cmd_allreduce(args: argparse.Namespace) -> int:
 
 
 def cmd_scaling(args: argparse.Namespace) -> int:
+    # Heavy (the runs resolve the task, which loads torchmetrics and scipy): imported only
+    # when the command runs, so every other `convoy` command starts in about a second.
+    from convoy.bench import scaling
+
     return _plan_run_report(args, scaling.make_plan, scaling.run_scaling, scaling)
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
+    # Heavy (builds models and data, measures memory): imported only when the command runs.
+    from convoy.bench import compare
+
     return _plan_run_report(args, compare.make_plan, compare.run_compare, compare)
 
 

@@ -9,16 +9,6 @@ from typing import Any
 
 from convoy.commands.common import add_override_arg
 from convoy.config import STRATEGY_NAMES, load_job
-from convoy.plan import (
-    Planner,
-    format_plan,
-    parse_memory,
-    parse_strategies,
-    parse_world_sizes,
-    plan_job,
-    plan_to_dict,
-    quiet_warnings,
-)
 
 EXAMPLES = """\
 examples:
@@ -75,6 +65,19 @@ def add_parser(commands: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Parse every flag first (a bad one is a one-line error, exit 2), then plan."""
+    # Heavy (the planner builds the model and its data: FSDP, the tasks, torchmetrics):
+    # imported when the command runs, so every other `convoy` command starts in a second.
+    from convoy.plan import (
+        Planner,
+        format_plan,
+        parse_memory,
+        parse_strategies,
+        parse_world_sizes,
+        plan_job,
+        plan_to_dict,
+        quiet_warnings,
+    )
+
     world_sizes = parse_world_sizes(args.world_sizes)
     tp_sizes: list[int | None] = (
         [None] if args.tp_sizes is None else [*parse_world_sizes(args.tp_sizes, "--tp-sizes")]
@@ -93,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
             sizes = [layout.world_size for layout in plan.layouts]
             rows = check_layouts(job, strategies, sorted(set(sizes)), planner, tp_sizes)
     if args.json:
-        from convoy.plan.check import check_to_dict
+        from convoy.plan.check import check_to_dict  # heavy: see check_layouts above
 
         data = plan_to_dict(plan)
         if rows is not None:
@@ -102,7 +105,7 @@ def run(args: argparse.Namespace) -> int:
         return 0
     print(format_plan(plan))
     if rows is not None:
-        from convoy.plan.check import format_check
+        from convoy.plan.check import format_check  # heavy: see check_layouts above
 
         print()
         print(

@@ -8,16 +8,6 @@ import sys
 from typing import Any
 
 from convoy.commands.common import add_override_arg
-from convoy.tune.results import (
-    best_row,
-    collect_rows,
-    footer,
-    format_table,
-    write_best,
-    write_results,
-    write_sweep_report,
-)
-from convoy.tune.sweep import plan_sweep, run_sweep
 
 DESCRIPTION = """\
 Sweep any recipe field with Ray Tune over Ray Train: each trial is a normal Convoy run in
@@ -115,8 +105,19 @@ def _add_scheduler_args(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Check everything, run the sweep, print the ranked table and write the outputs."""
-    # Heavy (preflight loads the tasks and torchmetrics): imported only when the command runs.
+    # Heavy (preflight and the sweep's checks load the tasks and torchmetrics): imported only
+    # when the command runs, so every other `convoy` command starts in a second.
     from convoy.preflight import resolve_tracking
+    from convoy.tune.results import (
+        best_row,
+        collect_rows,
+        footer,
+        format_table,
+        write_best,
+        write_results,
+        write_sweep_report,
+    )
+    from convoy.tune.sweep import plan_sweep, run_sweep
 
     sweep = plan_sweep(
         args.recipe,

@@ -23,9 +23,7 @@ from typing import Any
 
 import torch
 
-from convoy.checkpoint import committed_checkpoints, read_meta
 from convoy.config import Job, job_from_dict
-from convoy.plan.model import build_raw, load_source
 from convoy.storage import RunStorage
 from convoy.strategies import strategy_class
 
@@ -89,6 +87,10 @@ def _parameter_count(model_and_data: str) -> int | None:
     """Parameters of the job's model, built on the meta device from the data's shapes
     (cached: a render builds it once per model and data); None when it cannot be built
     here."""
+    # Heavy (the planner's model building loads the tasks and torchmetrics): imported only
+    # when a recipe is rendered, so `import convoy.cli` stays light.
+    from convoy.plan.model import build_raw, load_source
+
     try:
         job = job_from_dict(json.loads(model_and_data))
         source = load_source(job)
@@ -121,6 +123,9 @@ def grace_warnings(job: Job, manifests: list[dict[str, Any]]) -> list[str]:
 
 def last_measured_save(job: Job) -> tuple[str, float] | None:
     """The latest committed checkpoint of the job's run and its save time, if readable."""
+    # Heavy (torch's distributed checkpointing, seconds to import): only for `k8s validate`.
+    from convoy.checkpoint import committed_checkpoints, read_meta
+
     try:
         storage = RunStorage.at(job.run_uri)
         found = committed_checkpoints(storage)

@@ -24,10 +24,13 @@ from typing import Any
 import torch
 
 from convoy.config import Job, RayLauncherConfig, job_from_dict, world_sizes
+from convoy.data.ray_data import build_ray_data, ray_worker_data
 from convoy.distributed import WorkerContext
 from convoy.engine.stop import StopRequested
 from convoy.errors import ConvoyError, LaunchError, ResourceError
 from convoy.imports import missing_extra
+from convoy.integrations.prometheus import PrometheusSink
+from convoy.integrations.ray_train import RayTrainReportSink
 from convoy.launchers.base import (
     TRAIN,
     Launcher,
@@ -48,6 +51,7 @@ from convoy.launchers.ray_local import (
     user_started_cluster,
     worker_niceness,
 )
+from convoy.launchers.ray_preemption import RayPreemptionNotices, wait_for_preemption
 from convoy.outputs import read_summary, write_config
 
 
@@ -342,6 +346,7 @@ def build_trainer(
     trial)."""
     from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
 
+    # ray_torch imports Ray Train at its top: here, it keeps the ray extra optional.
     from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
 
     storage_path, _, name = job.run_uri.rpartition("/")
@@ -352,8 +357,6 @@ def build_trainer(
     }
     data: dict[str, Any] = {}
     if job.data_from_driver:
-        from convoy.data.ray_data import build_ray_data
-
         plan = build_ray_data(job, job.scaling.max_workers)
         config["ray_data"] = plan.worker_info()
         # Train is planned per rank (the worker info); each rank gets its eval chunk whole.
@@ -559,6 +562,8 @@ def dead_nodes(candidates: list[str], timeout: float = NODE_DEATH_WAIT_S) -> lis
 
 def resume_hint(job: Job) -> str:
     """What to do after a failed run: which checkpoint resumes, and the elastic option."""
+    # Only after a failure: convoy.checkpoint brings torch's distributed checkpointing
+    # (seconds to import) into a driver that otherwise never needs it.
     from convoy.checkpoint import committed_checkpoints
 
     try:
@@ -592,9 +597,6 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     import ray.train
     from ray.train.torch import get_device
 
-    from convoy.integrations.ray_train import RayTrainReportSink
-    from convoy.launchers.ray_preemption import RayPreemptionNotices, wait_for_preemption
-
     quiet_ray_loggers()
     job = job_from_dict(config["job"])
     context = ray.train.get_context()
@@ -615,8 +617,6 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         sinks=(reports, *_prometheus_sinks(job, context.get_world_rank())),
     )
     if "ray_data" in config:
-        from convoy.data.ray_data import ray_worker_data
-
         data = ray_worker_data(job, config["ray_data"], ctx.rank, ctx.world_size)
         ctx = dataclasses.replace(ctx, data=data)
     try:
@@ -630,8 +630,6 @@ def ray_worker_main(config: dict[str, Any]) -> None:
 def _prometheus_sinks(job: Job, rank: int) -> tuple[Any, ...]:
     if not prometheus_enabled(job):
         return ()
-    from convoy.integrations.prometheus import PrometheusSink
-
     return (PrometheusSink(job.run.name or "unnamed", rank),)
 
 

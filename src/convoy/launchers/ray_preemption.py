@@ -27,11 +27,13 @@ controller at the deadline as well, from the same checkpoint.
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, NoReturn
 
 from convoy.engine.stop import StopNotice, StopRequested
+from convoy.errors import LaunchError
 
 NO_RESTART_AFTER_S = 60.0
 """How long past the deadline a worker waits for Ray Train's restart before giving up: the
@@ -126,13 +128,9 @@ def drain_this_node(deadline_s: float, address: str | None = None, wait: bool = 
     """Mark this machine's Ray node as preempted, ``deadline_s`` from now (what a cloud's
     spot notice does through the autoscaler), and wait until then: a Ray worker pod's
     preStop hook, so the node's train workers save before Kubernetes' SIGTERM ends Ray."""
-    import os
-
     import ray.util
     from ray._raylet import GcsClient  # type: ignore[attr-defined]
     from ray.core.generated import autoscaler_pb2
-
-    from convoy.errors import LaunchError
 
     address = address or os.environ.get("RAY_ADDRESS") or _kuberay_gcs_address()
     if not address:

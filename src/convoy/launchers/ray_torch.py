@@ -37,6 +37,7 @@ from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_cli
     TrainAutoscalingCoordinatorClient,
 )
 
+from convoy.launchers.ray_local import state_api_running
 from convoy.network import socket_interface_env
 
 # How long a worker group trains before the helpers that serve long runs start: Ray Train's
@@ -126,8 +127,6 @@ class ConvoyTorchTrainer(TorchTrainer):
         from ray.train.v2._internal.callbacks.placement_group_callback import (
             PlacementGroupCleanerCallback,
         )
-
-        from convoy.launchers.ray_local import state_api_running
 
         # mypy sees Train V1's TorchTrainer; Ray 2.60 exports V2's, which has this method.
         callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
