@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import argparse
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -67,3 +69,29 @@ def test_the_cli_only_builds_the_parser_and_dispatches() -> None:
     tree = ast.parse(Path(convoy.cli.__file__).read_text())
     functions = [n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef)]
     assert functions == ["build_parser", "main"]
+
+
+# What a command's own work needs, never the parser: loading any of these costs every
+# `convoy` command (`--help`, `config show`, `k8s render`) seconds of start-up.
+HEAVY_FOR_A_PARSER = (
+    "torchmetrics",  # with scipy and matplotlib, through the tasks
+    "torch.distributed.checkpoint",  # with DTensor and sympy
+    "torch.distributed.fsdp",
+    "convoy.tasks",
+    "convoy.plan.planner",
+    "convoy.tune.sweep",
+    "pyarrow",
+    "ray",
+)
+
+
+def test_building_the_parser_loads_no_command_s_heavy_modules() -> None:
+    code = (
+        "import sys\n"
+        "from convoy.cli import build_parser\n"
+        "build_parser()\n"
+        f"print(','.join(m for m in {HEAVY_FOR_A_PARSER!r} if m in sys.modules))\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout.strip() == "", loaded.stdout
