@@ -322,12 +322,27 @@ def load_text_shards(cfg: DataConfig) -> Splits:
                 "data.path", location, f"the {split} split has fewer than 2 tokens; give more text"
             )
     test = "test" if "test" in packed else "val"
+    meta = _corpus_meta(cfg, tokenizer, tokenizer_id, tokenizer_digest, counts, test)
+    shape = {"vocab_size": len(tokenizer.token_bytes), "seq_len": cfg.seq_len}
+    return Splits(packed["train"], packed["val"], packed[test], shape, meta=meta)
+
+
+def _corpus_meta(
+    cfg: DataConfig,
+    tokenizer: TextTokenizer,
+    tokenizer_id: str,
+    tokenizer_digest: str,
+    counts: dict[str, dict[str, Any]],
+    test: str,
+) -> dict[str, Any]:
+    """The corpus's facts for the task and the summary: a fingerprint of the tokenized splits,
+    the tokenizer, and each eval split's gzip bits per byte (a reference to beat)."""
     fingerprint = hashlib.sha256(
         f"{cfg.tokenizer}/{cfg.vocab_size}/{cfg.seq_len}/{tokenizer_digest}".encode()
     )
     for split in ("train", "val", test):
         fingerprint.update(counts[split]["digest"].encode())
-    meta: dict[str, Any] = {
+    return {
         "fingerprint": fingerprint.hexdigest()[:16],
         "token_bytes": list(tokenizer.token_bytes),
         "tokenizer_json": tokenizer_id if isinstance(tokenizer, BPETokenizer) else None,
@@ -337,5 +352,3 @@ def load_text_shards(cfg: DataConfig) -> Splits:
         },
         "streamed": True,
     }
-    shape = {"vocab_size": len(tokenizer.token_bytes), "seq_len": cfg.seq_len}
-    return Splits(packed["train"], packed["val"], packed[test], shape, meta=meta)

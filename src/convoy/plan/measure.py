@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -112,12 +112,7 @@ def measure_activations(
     are cast), or ``None`` for autocast (single/ddp) in the job's precision."""
     task = build_task(job.task.name, job.task.kwargs)
     mode = FakeTensorMode()
-    inputs, targets = fake_batch(source.sample, rows, mode)
-    batch = _storage_bytes([*tensors_in(inputs), *tensors_in(targets)])
-    if cast_params is not None:  # FSDP casts floating-point inputs to its param dtype
-        cast = _cast_floats(inputs, cast_params)
-        batch += _storage_bytes([t for t in tensors_in(cast) if t.is_floating_point()])
-        inputs = cast
+    inputs, targets, batch = _fake_micro_batch(source, rows, mode, cast_params)
     # Outside the fake mode: a real build may need values. Under tensor parallelism, one
     # rank's share: its heads and hidden units only.
     skeleton = build_skeleton(job, source, tp_share=True)
@@ -129,19 +124,7 @@ def measure_activations(
         owned = {
             StorageWeakRef(t.untyped_storage()) for t in [*model.parameters(), *model.buffers()]
         }
-        saved: dict[StorageWeakRef, int] = {}
-        # A checkpointed block keeps only its input (its activations are recomputed in
-        # backward, where the tracker below sees them come and go).
-        prepare_blocks(model, job.strategy, compile_mode=False)
-        for block in checkpointed_blocks(model):
-            block.register_forward_pre_hook(lambda _, args: _keep_inputs(args, saved, owned))
-
-        def pack(tensor: torch.Tensor) -> torch.Tensor:
-            ref = StorageWeakRef(tensor.untyped_storage())
-            if ref not in owned:
-                saved[ref] = tensor.untyped_storage().nbytes()
-            return tensor
-
+        saved, pack = _saved_storages(model, job, owned)
         dtype = compute_dtype(job)
         autocast = cast_params is None and dtype != torch.float32
         tracker = _LiveBytes(owned)
@@ -159,45 +142,95 @@ def measure_activations(
             held = () if loss_in_model else tensors_in(outputs)
             for out in held:
                 saved[StorageWeakRef(out.untyped_storage())] = out.untyped_storage().nbytes()
-            backward = in_model = recompute = 0
-            recompute_grads = 0.0
+            backward = _Backward()
             if loss.requires_grad:
-                # Parameters' gradients are the plan's `grads`: each is counted as it is
-                # produced (it is live then, with the activations), then left out.
-                hooks = [
-                    p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad))
-                    for p in params
-                ]
-                start = tracker.peak = tracker.peak_with_grads = tracker.live
-                tracker.grads = tracker.grads_at_peak = 0
-                marks: list[int] = []
-
-                def reached_model(grad: torch.Tensor) -> None:
-                    if not marks:  # the loss's backward is done: its peak, then the model's
-                        marks.append(tracker.peak)
-                        tracker.peak = tracker.live
-
-                hooks += [
-                    out.register_hook(reached_model)
-                    for out in tensors_in(outputs)
-                    if out.requires_grad
-                ]
-                loss.backward()
-                backward = max(tracker.peak, *marks) - start
-                in_model = tracker.peak - start if marks else backward
-                for hook in hooks:
-                    hook.remove()
-                recompute = tracker.peak_with_grads - tracker.grads_at_peak - start
-                recompute_grads = tracker.grads_at_peak / max(tracker.grads, 1)
+                backward = _measure_backward(tracker, loss, outputs, params)
     return Activations(
         sum(saved.values()),
         max(saved.values(), default=0),
-        backward,
-        in_model,
+        backward.peak,
+        backward.in_model,
         forward,
-        recompute if checkpointed_blocks(model) else 0,
-        recompute_grads if checkpointed_blocks(model) else 0.0,
+        backward.recompute if checkpointed_blocks(model) else 0,
+        backward.recompute_grads if checkpointed_blocks(model) else 0.0,
         loss_in_model,
+    )
+
+
+def _saved_storages(
+    model: nn.Module, job: Job, owned: set[Any]
+) -> tuple[dict[Any, int], Callable[[torch.Tensor], torch.Tensor]]:
+    """Where the storages autograd saves are summed (the parameters' and buffers', ``owned``,
+    left out), and the pack hook that records them. Prepares the model's blocks as training
+    does."""
+    saved: dict[Any, int] = {}
+    # A checkpointed block keeps only its input (its activations are recomputed in
+    # backward, where the tracker sees them come and go).
+    prepare_blocks(model, job.strategy, compile_mode=False)
+    for block in checkpointed_blocks(model):
+        block.register_forward_pre_hook(lambda _, args: _keep_inputs(args, saved, owned))
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        ref = StorageWeakRef(tensor.untyped_storage())
+        if ref not in owned:
+            saved[ref] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    return saved, pack
+
+
+def _fake_micro_batch(
+    source: ModelSource, rows: int, mode: FakeTensorMode, cast_params: torch.dtype | None
+) -> tuple[Any, Any, int]:
+    """Fake inputs and targets of ``rows`` samples, and the bytes the batch takes (with the
+    floating-point inputs FSDP casts to ``cast_params``)."""
+    inputs, targets = fake_batch(source.sample, rows, mode)
+    batch = _storage_bytes([*tensors_in(inputs), *tensors_in(targets)])
+    if cast_params is not None:  # FSDP casts floating-point inputs to its param dtype
+        cast = _cast_floats(inputs, cast_params)
+        batch += _storage_bytes([t for t in tensors_in(cast) if t.is_floating_point()])
+        inputs = cast
+    return inputs, targets, batch
+
+
+@dataclass(frozen=True)
+class _Backward:
+    """What one backward adds, as ``Activations`` reports it (zero without a backward)."""
+
+    peak: int = 0
+    in_model: int = 0
+    recompute: int = 0
+    recompute_grads: float = 0.0
+
+
+def _measure_backward(
+    tracker: _LiveBytes, loss: torch.Tensor, outputs: Any, params: list[nn.Parameter]
+) -> _Backward:
+    """Run ``loss.backward()`` under ``tracker`` and read its transient: the whole of it, the
+    part from the model's outputs on, and the moment with the most gradients in."""
+    # Parameters' gradients are the plan's `grads`: each is counted as it is
+    # produced (it is live then, with the activations), then left out.
+    hooks = [p.register_post_accumulate_grad_hook(lambda p: tracker.forget(p.grad)) for p in params]
+    start = tracker.peak = tracker.peak_with_grads = tracker.live
+    tracker.grads = tracker.grads_at_peak = 0
+    marks: list[int] = []
+
+    def reached_model(grad: torch.Tensor) -> None:
+        if not marks:  # the loss's backward is done: its peak, then the model's
+            marks.append(tracker.peak)
+            tracker.peak = tracker.live
+
+    hooks += [out.register_hook(reached_model) for out in tensors_in(outputs) if out.requires_grad]
+    loss.backward()
+    backward = max(tracker.peak, *marks) - start
+    in_model = tracker.peak - start if marks else backward
+    for hook in hooks:
+        hook.remove()
+    return _Backward(
+        peak=backward,
+        in_model=in_model,
+        recompute=tracker.peak_with_grads - tracker.grads_at_peak - start,
+        recompute_grads=tracker.grads_at_peak / max(tracker.grads, 1),
     )
 
 

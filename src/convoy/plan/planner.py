@@ -139,16 +139,9 @@ class Planner:
         # or none; under tensor parallelism, the share of one rank of its group.
         shards = cls.shard_ranks(job.strategy, world_size)
         assert shards is not None, f"{strategy} cannot run on {world_size} ranks (plan_job)"
-        sharded = cls.sharding.parameters and shards > 1
-        local = parts.param_count
-        if sharded and cls.sharding.layout == "flat_per_unit":  # split evenly per unit
-            local = sum(math.ceil(sum(p.numel() for p in u) / shards) for u in parts.units)
-        elif sharded:
-            local = sum(shard_numel(p, shards) for p in parts.params)
-        params = grads = 4 * local  # fp32 master weights and gradients
+        params = grads = 4 * _local_params(cls, shards, parts)  # fp32 master weights, gradients
         opt = self.optimizer(strategy, shards, tp)
         acts = self.activations(job, rows)
-        backward_temp = acts.backward
         comm = self._comm(job, cls, shards, parts)
         # Accumulation: later micro-steps run with the gradients of earlier ones; no_sync
         # keeps them unsharded under FSDP.
@@ -157,53 +150,10 @@ class Planner:
             accum_grads = 4 * parts.param_count if cls.sharding.gradients else grads
         static = {"params": params, "optimizer": opt.state}
         ddp_buckets = comm if cls.comm_buffers == "ddp_buckets" else 0
-        moments = {
-            "backward": {
-                **static,
-                "grads": accum_grads,
-                "activations": acts.saved,
-                "temp": backward_temp,
-                "comm": ddp_buckets,
-            },
-            "optimizer step": {
-                **static,
-                "grads": grads,
-                "activations": 0,
-                "temp": opt.transient,
-                "comm": ddp_buckets,
-            },
-        }
-        if acts.recompute_grads:
-            # Checkpointed blocks: the peak may come late in backward, a block recomputed
-            # with most gradients already produced (in their final, sharded form).
-            moments["backward (recompute)"] = {
-                **static,
-                "grads": accum_grads or round(acts.recompute_grads * grads),
-                "activations": acts.saved + min(acts.recompute, 0),
-                "temp": max(acts.recompute, 0),
-                "comm": ddp_buckets,
-            }
-        if cls.sharding.layout == "per_parameter":
-            # fully_shard's working set. "backward" is the loss's own backward: every unit
-            # is resharded then.
+        moments = _step_moments(static, grads, accum_grads, acts, opt, ddp_buckets)
+        if cls.sharding.layout == "per_parameter":  # fully_shard's working set
             held = self._fsdp2_held(job, shards, parts)
-            unit_moments = {
-                "forward (unit)": (acts.forward, 0),
-                "backward (in model)": (acts.saved, acts.backward_in_model),
-                "backward (unit)": (acts.saved, 0),
-            }
-            for name, (live, temp) in unit_moments.items():
-                moments[name] = {
-                    **static,
-                    "grads": accum_grads,
-                    "activations": live,
-                    "temp": temp,
-                    "comm": held[name],
-                }
-            if "backward (recompute)" in moments:  # the recomputed block is unsharded
-                moments["backward (recompute)"]["comm"] = held["backward (unit)"]
-            if acts.loss_in_model:  # the loss's own backward runs in the root's
-                moments["backward"]["comm"] = held["backward (loss)"]
+            _add_fsdp2_moments(moments, static, accum_grads, acts, held)
             comm = max(held.values())
         elif cls.gathers_parameters(shards):
             # Backward through the largest unit: it is unsharded, the next one is being
@@ -215,10 +165,6 @@ class Planner:
                 "temp": 4 * parts.largest_unit,
                 "comm": comm,
             }
-        moments = {
-            name: {c: held_bytes.get(c, 0) for c in CATEGORIES}
-            for name, held_bytes in moments.items()
-        }
         return Layout(
             strategy=strategy,
             world_size=world_size,
@@ -227,10 +173,10 @@ class Planner:
             grads=grads,
             optimizer=opt.state,
             activations=acts.saved,
-            backward_temp=backward_temp,
+            backward_temp=acts.backward,
             step_temp=opt.transient,
             comm=comm,
-            moments=moments,
+            moments=_by_category(moments),
             tp_size=tp,
         )
 
@@ -271,48 +217,33 @@ class Planner:
         - ``backward (unit)``: the same without the transient, at a unit's copy-out, its
           gradients' production or its reduce-scatter.
         """
-        param_dtype = compute_dtype(job)
-        # The config's option where the strategy has one; gradients reduce in fp32 otherwise.
-        reduce_name = getattr(job.strategy, "reduce_dtype", "fp32")
-        param_size = torch.empty((), dtype=param_dtype, device="meta").element_size()
-        reduce_size = 4 if reduce_name == "fp32" else 2
-        # With accumulation in fp32 the micro-step's gradients add into the accumulated
-        # unsharded ones (counted as grads); otherwise they are new tensors.
-        new_grads = param_dtype != torch.float32 or job.optim.grad_accum_steps == 1
-
-        def padded(unit: Sequence[nn.Parameter]) -> int:
-            return world_size * sum(shard_numel(p, world_size) for p in unit) if unit else 0
-
-        def grads(unit: Sequence[nn.Parameter]) -> int:
-            return param_size * sum(p.numel() for p in unit) if new_grads else 0
-
-        gathered = param_size if world_size > 1 else 0  # all-gather output bytes per element
-        root = param_size * padded(parts.root)
-        root_gathered = gathered * padded(parts.root)
+        sizes = _Fsdp2Bytes.of(job, world_size)
+        root = sizes.unsharded(parts.root)
+        root_grads = sizes.grads(parts.root)
+        root_gathered = sizes.gathered(parts.root)
         forward = [root_gathered]
         backward = [root_gathered]
         unit = [root_gathered]
         previous_gathered = root_gathered  # forward: the root's output is kept until block 1's
         ahead = 0  # backward: what block i all-gathers ahead (block i - 1; block 1: nothing)
         for block in parts.blocks:
-            unsharded = param_size * padded(block)
-            own_gathered = gathered * padded(block)
-            reduce_input = reduce_size * padded(block) if world_size > 1 else 0
+            unsharded = sizes.unsharded(block)
+            own_gathered = sizes.gathered(block)
+            block_grads = sizes.grads(block)
             forward += [unsharded + own_gathered, previous_gathered + own_gathered]
-            backward.append(grads(parts.root) + unsharded + ahead)
+            backward.append(root_grads + unsharded + ahead)
             unit.append(
-                grads(parts.root)
+                root_grads
                 + max(
                     unsharded + own_gathered,
-                    unsharded + grads(block) + ahead,
-                    reduce_input + grads(block) + ahead,
+                    unsharded + block_grads + ahead,
+                    sizes.reduce_input(block) + block_grads + ahead,
                 )
             )
             previous_gathered, ahead = own_gathered, own_gathered
         if not parts.blocks:  # the root alone: its gradients, then its reduce-scatter
-            reduce_input = reduce_size * padded(parts.root) if world_size > 1 else 0
-            backward.append(grads(parts.root))
-            unit.append(grads(parts.root) + reduce_input)
+            backward.append(root_grads)
+            unit.append(root_grads + sizes.reduce_input(parts.root))
         return {
             "backward (loss)": root,
             "forward (unit)": root + max(forward),
@@ -324,6 +255,138 @@ class Planner:
     def largest_unit(self) -> int:
         """Parameters in the largest wrap unit."""
         return self.parts(1).largest_unit
+
+
+def _local_params(cls: type[Strategy], shards: int, parts: ModelParts) -> int:
+    """Parameters one rank holds: all of them, or its shard of each unit or parameter."""
+    sharded = cls.sharding.parameters and shards > 1
+    if sharded and cls.sharding.layout == "flat_per_unit":  # split evenly per unit
+        return sum(math.ceil(sum(p.numel() for p in u) / shards) for u in parts.units)
+    if sharded:
+        return sum(shard_numel(p, shards) for p in parts.params)
+    return parts.param_count
+
+
+def _step_moments(
+    static: dict[str, int],
+    grads: int,
+    accum_grads: int,
+    acts: Activations,
+    opt: OptimizerCost,
+    ddp_buckets: int,
+) -> dict[str, dict[str, int]]:
+    """The moments every layout has: backward, the optimizer step, and with checkpointed
+    blocks, a block recomputed late in backward."""
+    moments = {
+        "backward": {
+            **static,
+            "grads": accum_grads,
+            "activations": acts.saved,
+            "temp": acts.backward,
+            "comm": ddp_buckets,
+        },
+        "optimizer step": {
+            **static,
+            "grads": grads,
+            "activations": 0,
+            "temp": opt.transient,
+            "comm": ddp_buckets,
+        },
+    }
+    if acts.recompute_grads:
+        # Checkpointed blocks: the peak may come late in backward, a block recomputed
+        # with most gradients already produced (in their final, sharded form).
+        moments["backward (recompute)"] = {
+            **static,
+            "grads": accum_grads or round(acts.recompute_grads * grads),
+            "activations": acts.saved + min(acts.recompute, 0),
+            "temp": max(acts.recompute, 0),
+            "comm": ddp_buckets,
+        }
+    return moments
+
+
+def _add_fsdp2_moments(
+    moments: dict[str, dict[str, int]],
+    static: dict[str, int],
+    accum_grads: int,
+    acts: Activations,
+    held: dict[str, int],
+) -> None:
+    """Add ``fully_shard``'s working set (``held``, from ``Planner._fsdp2_held``) to
+    ``moments``. "backward" is the loss's own backward: every unit is resharded then."""
+    unit_moments = {
+        "forward (unit)": (acts.forward, 0),
+        "backward (in model)": (acts.saved, acts.backward_in_model),
+        "backward (unit)": (acts.saved, 0),
+    }
+    for name, (live, temp) in unit_moments.items():
+        moments[name] = {
+            **static,
+            "grads": accum_grads,
+            "activations": live,
+            "temp": temp,
+            "comm": held[name],
+        }
+    if "backward (recompute)" in moments:  # the recomputed block is unsharded
+        moments["backward (recompute)"]["comm"] = held["backward (unit)"]
+    if acts.loss_in_model:  # the loss's own backward runs in the root's
+        moments["backward"]["comm"] = held["backward (loss)"]
+
+
+def _by_category(moments: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """Each moment's bytes in ``CATEGORIES`` order, zero where it holds none."""
+    return {
+        name: {c: held_bytes.get(c, 0) for c in CATEGORIES} for name, held_bytes in moments.items()
+    }
+
+
+@dataclass(frozen=True)
+class _Fsdp2Bytes:
+    """Bytes of ``fully_shard``'s buffers for a unit of parameters on ``world_size`` ranks."""
+
+    world_size: int
+    param_size: int
+    """Bytes per element in the dtype it computes in (unsharded parameters, gradients)."""
+    reduce_size: int
+    """Bytes per element of the reduce-scatter input."""
+    new_grads: bool
+    """Whether a micro-step's gradients are new tensors (not added into accumulated ones)."""
+
+    @classmethod
+    def of(cls, job: Job, world_size: int) -> _Fsdp2Bytes:
+        param_dtype = compute_dtype(job)
+        # The config's option where the strategy has one; gradients reduce in fp32 otherwise.
+        reduce_name = getattr(job.strategy, "reduce_dtype", "fp32")
+        # With accumulation in fp32 the micro-step's gradients add into the accumulated
+        # unsharded ones (counted as grads); otherwise they are new tensors.
+        new_grads = param_dtype != torch.float32 or job.optim.grad_accum_steps == 1
+        return cls(
+            world_size=world_size,
+            param_size=torch.empty((), dtype=param_dtype, device="meta").element_size(),
+            reduce_size=4 if reduce_name == "fp32" else 2,
+            new_grads=new_grads,
+        )
+
+    def padded(self, unit: Sequence[nn.Parameter]) -> int:
+        """Elements of the unit padded so that dim 0 of each parameter splits evenly."""
+        size = self.world_size
+        return size * sum(shard_numel(p, size) for p in unit) if unit else 0
+
+    def unsharded(self, unit: Sequence[nn.Parameter]) -> int:
+        return self.param_size * self.padded(unit)
+
+    def gathered(self, unit: Sequence[nn.Parameter]) -> int:
+        """The all-gather output: none on one rank."""
+        return self.unsharded(unit) if self.world_size > 1 else 0
+
+    def reduce_input(self, unit: Sequence[nn.Parameter]) -> int:
+        """The reduce-scatter input: none on one rank."""
+        return self.reduce_size * self.padded(unit) if self.world_size > 1 else 0
+
+    def grads(self, unit: Sequence[nn.Parameter]) -> int:
+        """The unit's new gradients (its parameters' shapes, param dtype)."""
+        return self.param_size * sum(p.numel() for p in unit) if self.new_grads else 0
 
 
 @dataclass(frozen=True)

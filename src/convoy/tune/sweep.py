@@ -152,18 +152,7 @@ def plan_sweep(
 ) -> Sweep:
     """Check the recipe, the space and the options; nothing starts. Raises ``ConvoyError``."""
     check_options(overrides, resume, retry_errored)
-    job = load_job(recipe, overrides)
-    if is_remote(job.run.storage_dir):
-        raise ConfigError(
-            "run.storage_dir",
-            job.run.storage_dir,
-            "convoy tune keeps a sweep (Ray Tune's state, the trials' runs) on a local or "
-            "shared path",
-        )
-    data = recipe_data(recipe, overrides)
-    if not job.scaling.launcher_section.runs_ray_train:
-        print(f"convoy: trials run on Ray Train (scaling.launcher was {job.scaling.launcher!r})")
-        data = set_field(data, "scaling.launcher", RayLauncherConfig.name)
+    job, data = _trial_recipe(recipe, overrides)
     dims = load_space(space)
     check_search(dims, search, space)
     samples = _check_counts(job, search, samples, max_concurrent, grace_epochs, reduction_factor)
@@ -200,6 +189,24 @@ def plan_sweep(
     )
     check_resume(sweep, resume)
     return sweep
+
+
+def _trial_recipe(recipe: str | None, overrides: list[str]) -> tuple[Job, dict[str, Any]]:
+    """The recipe's job, checked for a sweep, and its data as the trials run it: on Ray
+    Train, whatever launcher the recipe names."""
+    job = load_job(recipe, overrides)
+    if is_remote(job.run.storage_dir):
+        raise ConfigError(
+            "run.storage_dir",
+            job.run.storage_dir,
+            "convoy tune keeps a sweep (Ray Tune's state, the trials' runs) on a local or "
+            "shared path",
+        )
+    data = recipe_data(recipe, overrides)
+    if not job.scaling.launcher_section.runs_ray_train:
+        print(f"convoy: trials run on Ray Train (scaling.launcher was {job.scaling.launcher!r})")
+        data = set_field(data, "scaling.launcher", RayLauncherConfig.name)
+    return job, data
 
 
 def check_options(overrides: list[str], resume: bool, retry_errored: bool) -> None:
