@@ -78,7 +78,8 @@ def dataloader_rate(tree: Path) -> float:
 
 
 def ray_data_rate(tree: Path, compute: str) -> float:
-    from convoy.data.ray_data import build_ray_data, units_dataset
+    from convoy.data.ray_data import build_ray_data
+    from convoy.data.ray_data_worker import units_dataset
 
     job = load_job(
         None,

@@ -92,7 +92,8 @@ def test_a_ray_run_reports_every_epoch_in_order_and_exports_per_rank_metrics(
     from ray import cloudpickle
     from ray.train import UserCallback
 
-    from convoy.launchers.ray import build_trainer, fit
+    from convoy.launchers.ray import build_trainer
+    from convoy.launchers.ray_failures import fit
     from convoy.outputs import write_config
 
     port = ray._private.worker._global_node.metrics_export_port

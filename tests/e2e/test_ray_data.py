@@ -43,7 +43,7 @@ def audit_loop(config: dict[str, Any]) -> None:
     """A Ray Train worker that walks Convoy's ray_data batches and records the rows it got."""
     import ray.train
 
-    from convoy.data.ray_data import ray_worker_data
+    from convoy.data.ray_data_worker import ray_worker_data
 
     job = job_from_dict(config["job"])
     context = ray.train.get_context()

@@ -366,7 +366,7 @@ def test_ray_address_with_nothing_there_fails_at_once(address: str) -> None:
 
 
 def test_lost_nodes_are_read_from_ray_worker_failures() -> None:
-    from convoy.launchers.ray import lost_nodes
+    from convoy.launchers.ray_failures import lost_nodes
 
     health = RuntimeError(
         "A worker health check failed.\nWorker info: Worker(\n  metadata=ActorMetadata(\n"

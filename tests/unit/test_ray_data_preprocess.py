@@ -106,7 +106,8 @@ def test_finished_samples_become_the_same_tensor_rows() -> None:
 
 def test_too_small_an_in_memory_split_names_the_batch_not_row_groups() -> None:
     from convoy.config import load_job
-    from convoy.data.ray_data import RayTrainBatches, ReadChunks, TrainUnits
+    from convoy.data.ray_data import ReadChunks, TrainUnits
+    from convoy.data.ray_data_worker import RayTrainBatches
 
     job = load_job(None, ["data.batch_size=64"])
     units = TrainUnits(rows=[10, 10, 10], items=[{"position": p} for p in range(3)],

@@ -18,17 +18,18 @@ groups (the driver checks only the footers and the label column).
   inside the CPUs reserved for Ray Data (``cpu_shares``).
 
 Training is planned, not split on demand. The driver cuts the train split into units: the row
-groups of a streamed source (read in the tasks, never by the driver), or chunks of an
-in-memory one (put in the object store once: ``chunk_rows`` rows drawn at random, seeded,
-few enough that every rank gets 16 chunks or more). Each worker then runs the torch loader's streamed plan
-(``PlannedTrainBatches``) over them: units dealt to the ranks once, seeded; every epoch a new
-seeded order of its units, rows permuted within windows of units (``shuffle_row_groups``
-row groups, or ``shuffle_buffer_rows`` rows of chunks); ``floor(min rank rows / share)`` steps
-for every rank, so each row is trained at most once per epoch. The worker reads its epoch
-through a Ray Dataset of its own (``from_items`` of its units in order, the map stage,
-``preserve_order``), so the tasks run ahead of training, bounded by the object store share
-each worker's pipeline may use (``OBJECT_STORE_SHARE / world_size``), and on the nodes
-``data.ray_data.resources`` names. Augmentation is seeded by run.seed, the epoch and the rows.
+groups of a streamed source (read in the tasks, never by the driver), or chunks of an in-memory
+one (put in the object store once: ``chunk_rows`` rows drawn at random, seeded, few enough that
+every rank gets 16 chunks or more). Each worker then runs the torch loader's streamed plan
+(``PlannedTrainBatches``, in ``convoy.data.ray_data_worker``) over them: units dealt to the
+ranks once, seeded; every epoch a new seeded order of its units, rows permuted within windows
+of units (``shuffle_row_groups`` row groups, or ``shuffle_buffer_rows`` rows of chunks);
+``floor(min rank rows / share)`` steps for every rank, so each row is trained at most once per
+epoch. The worker reads its epoch through a Ray Dataset of its own (``from_items`` of its units
+in order, the map stage, ``preserve_order``), so the tasks run ahead of training, bounded by
+the object store share each worker's pipeline may use (``OBJECT_STORE_SHARE / world_size``),
+and on the nodes ``data.ray_data.resources`` names. Augmentation is seeded by run.seed, the
+epoch and the rows.
 
 The order depends only on the seeds and the unit sizes, so a resume ``k`` steps into an epoch
 continues with exactly the rows not yet trained, in the same order, with the same
@@ -46,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -55,9 +55,8 @@ import numpy as np
 import torch
 
 from convoy.config import Job
-from convoy.data.base import Batch, SizedDataset, Splits, TensorImageDataset, augment
+from convoy.data.base import SizedDataset, Splits, TensorImageDataset, augment
 from convoy.data.encoded import EncodedImageDataset, ImageRecord, decode_record, rgb_to_tensor
-from convoy.data.loaders import WorkerData
 from convoy.data.parquet import (
     COLUMNS,
     check_train_labels,
@@ -67,11 +66,8 @@ from convoy.data.parquet import (
 from convoy.data.registry import load_splits
 from convoy.data.samplers import eval_rows_per_rank
 from convoy.data.shards import ShardedSplit, list_shards, scan_shards
-from convoy.data.streaming import PlannedTrainBatches, Rows
 
 EVAL_SPLITS = ("val", "test")
-OBJECT_STORE_SHARE = 0.5
-"""The share of the object store Ray Data's streaming executor takes by default."""
 ROWS_PER_BLOCK = 256
 """Rows per block of in-memory sources: blocks are what the block-order shuffle permutes."""
 
@@ -420,7 +416,9 @@ def cpu_shares(job: Job, pipelines: int = 1) -> tuple[float, float]:
     return min(1.0, cfg.reserved_cpus / 2), cfg.reserved_cpus / 2 / pool / pipelines
 
 
-def _preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool, pipelines: int = 1) -> Any:
+def preprocessed(ds: Any, preprocess: Transform, job: Job, train: bool, pipelines: int = 1) -> Any:
+    """``ds`` with its map stage: ``preprocess`` in Ray tasks, or for ``train`` with
+    ``data.ray_data.compute: actors``, in an actor pool (one of ``pipelines``)."""
     import ray.data  # the ray extra
 
     cfg = job.data.ray_data
@@ -468,7 +466,7 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
         start = 0
         for rank, rows in enumerate(eval_rows[split]):
             raw, transform = _raw_rows(dataset, range(start, start + rows))
-            chunk = _preprocessed(raw, transform, job, train=False)
+            chunk = preprocessed(raw, transform, job, train=False)
             # Preprocessed once and kept in the object store: a streamed eval split starts
             # its tasks again at every evaluation (measured: 10 s of a 11 s digits epoch).
             datasets[f"{split}_{rank}"] = chunk.materialize() if cache else chunk
@@ -521,170 +519,3 @@ def _parquet_train(job: Job, world_size: int) -> tuple[TrainUnits, int]:
 
 def _raw_rows_only(table: Any, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
     raise RuntimeError("encoded image shards are decoded by Preprocess, not by the split")
-
-
-# ---------------------------------------------------------------------------------------------
-# Worker side: shards -> the engine's batches
-
-
-def _as_batch(batch: dict[str, torch.Tensor], seen: list[int] | None) -> Batch:
-    if seen is not None:
-        seen += batch["index"].tolist()
-    return batch["x"], batch["y"]
-
-
-class RayTrainBatches(PlannedTrainBatches):
-    """This worker's micro-batches of each epoch: the plan of ``PlannedTrainBatches`` over the
-    train units, which a Ray Dataset of this worker's reads and preprocesses in Ray tasks, in
-    the plan's order (``preserve_order``)."""
-
-    def __init__(
-        self, units: TrainUnits, job: Job, micro_batch: int, world_size: int, rank: int
-    ) -> None:
-        self.units = units  # before the plan, whose refusal names what the units are
-        super().__init__(
-            units.rows,
-            job.data.batch_size,
-            micro_batch,
-            world_size,
-            rank,
-            job.run.seed,
-            units.window,
-        )
-        self.job = job
-        self.world_size = world_size
-        self.seen: list[int] | None = None
-        """Set to a list to record the row indices handed out (for audits and tests)."""
-
-    def too_few(self, units: int, world_size: int, rows: int) -> str:
-        if isinstance(self.units.read, ReadRowGroups):
-            return super().too_few(units, world_size, rows)
-        return (
-            f"data.batch_size: the train split's {sum(self.units.rows)} rows, dealt to "
-            f"{world_size} ranks in chunks, leave a rank {rows} rows, fewer than one step's "
-            f"{self.share}; lower data.batch_size or use fewer workers"
-        )
-
-    def __iter__(self) -> Iterator[Batch]:
-        for x, y, index in self._rows():
-            if self.seen is not None:
-                self.seen += index.tolist()
-            yield x, y
-
-    def _read_windows(
-        self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
-    ) -> Iterator[Rows]:
-        import ray.data  # the ray extra
-
-        if not windows:
-            return
-        ray.data.DataContext.get_current().execution_options.preserve_order = True
-        # Augmentation draws differ every epoch, and are the same again on a resume.
-        seed = hash((self.job.run.seed, epoch)) % 2**31
-        positions = [p for window in windows for p in window]
-        dataset = units_dataset(self.units, positions, self.job, seed, self.world_size)
-        blocks = dataset.iter_batches(
-            batch_size=None,
-            batch_format="numpy",
-            prefetch_batches=self.job.data.ray_data.prefetch_batches,
-        )
-        sizes = [sum(self.rows[p] for p in window) for window in windows]
-        for parts, order in zip(cut_windows(iter(blocks), sizes), orders, strict=True):
-            yield tuple(part[order] for part in parts)
-
-
-def units_dataset(
-    units: TrainUnits, positions: list[int], job: Job, seed: int, pipelines: int = 1
-) -> Any:
-    """A Ray Dataset of the given train units, read and preprocessed in that order; one of
-    ``pipelines`` that run at once (one per train worker)."""
-    import ray.data  # the ray extra
-
-    items = [units.items[p] for p in positions]
-    raw = ray.data.from_items(items, override_num_blocks=max(1, len(items)))
-    return _preprocessed(raw, units.read.with_seed(seed), job, True, pipelines)
-
-
-def cut_windows(blocks: Iterator[dict[str, np.ndarray]], sizes: list[int]) -> Iterator[Rows]:
-    """(inputs, targets, row indices) of windows of ``sizes`` rows, cut in order from blocks
-    of any length."""
-    pending: list[dict[str, np.ndarray]] = []
-    have = 0
-    for size in sizes:
-        while have < size:
-            block = next(blocks)
-            pending.append(block)
-            have += len(block["index"])
-        joined = {k: np.concatenate([b[k] for b in pending]) for k in ("x", "y", "index")}
-        yield tuple(torch.from_numpy(joined[k][:size]) for k in ("x", "y", "index"))
-        pending = [{k: v[size:] for k, v in joined.items()}]
-        have -= size
-
-
-class RayEvalBatches:
-    """This rank's contiguous chunk of an eval split, padded to the common batch count."""
-
-    def __init__(
-        self, shard: Any, batch_size: int, rows: list[int], rank: int, sample: list[Any]
-    ) -> None:
-        self.shard = shard
-        self.batch_size = batch_size
-        self.num_real = rows[rank]
-        self.batches = math.ceil(max(rows) / batch_size)
-        self.sample = sample
-        """[(shape, dtype) of one input, of one target]: what a padding batch looks like."""
-        self.seen: list[int] | None = None
-        """Set to a list to record the row indices read (for audits and tests)."""
-
-    def __iter__(self) -> Iterator[Batch]:
-        produced = 0
-        last: Batch | None = None
-        if self.num_real:
-            for batch in self.shard.iter_torch_batches(batch_size=self.batch_size, device="cpu"):
-                last = _as_batch(batch, self.seen)
-                produced += 1
-                yield last
-        while produced < self.batches:  # masked padding: the same forwards on every rank
-            yield last if last is not None else self._empty()
-            produced += 1
-
-    def _empty(self) -> Batch:
-        (x_shape, x_dtype), (y_shape, y_dtype) = self.sample
-        return (
-            torch.zeros(1, *x_shape, dtype=getattr(torch, x_dtype)),
-            torch.zeros(1, *y_shape, dtype=getattr(torch, y_dtype)),
-        )
-
-
-def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
-    """This Ray Train worker's data: its train plan, and its eval chunks
-    (``get_dataset_shard``)."""
-    import ray.data  # the ray extra
-    import ray.train
-
-    accum = job.optim.grad_accum_steps
-    micro = job.data.batch_size // (world_size * accum)
-    # Every rank runs its own pipeline: together they keep to one pipeline's share of the
-    # object store (Ray Data's default), which bounds what runs ahead of training.
-    context = ray.data.DataContext.get_current()
-    context.override_object_store_memory_limit_fraction = OBJECT_STORE_SHARE / world_size
-    train = RayTrainBatches(info["train"], job, micro, world_size, rank)
-    evals = {
-        split: RayEvalBatches(
-            ray.train.get_dataset_shard(f"{split}_{rank}"),
-            job.data.eval_batch_size,
-            info["eval_rows"][split],
-            rank,
-            info["sample"],
-        )
-        for split in EVAL_SPLITS
-    }
-    return WorkerData(
-        train,
-        evals["val"],
-        evals["test"],
-        info["shape"],
-        info["sizes"],
-        tuple(info["skipped"]),
-        info["meta"],
-    )

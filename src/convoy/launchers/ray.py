@@ -4,33 +4,23 @@ Without ``RAY_ADDRESS`` the launcher starts a local Ray sized to this machine (d
 loopback) and stops it afterwards; with it, it connects to that cluster (or KubeRay head). Before
 submitting it compares the request with what the cluster can ever place, because Ray would
 otherwise wait for resources forever. Ray is imported lazily: ``import convoy`` and the
-other launchers work without it.
+other launchers work without it. What runs on each worker is ``convoy.launchers.ray_worker``;
+how a failed run is told, ``convoy.launchers.ray_failures``.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import logging
 import math
 import os
-import re
 import socket
-import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
-from convoy.config import Job, RayLauncherConfig, job_from_dict, world_sizes
-from convoy.data.ray_data import build_ray_data, ray_worker_data
-from convoy.distributed import WorkerContext
-from convoy.engine.stop import StopRequested
-from convoy.errors import ConvoyError, LaunchError, ResourceError
+from convoy.config import Job, RayLauncherConfig, world_sizes
+from convoy.data.ray_data import build_ray_data
+from convoy.errors import LaunchError, ResourceError
 from convoy.imports import missing_extra
-from convoy.integrations.prometheus import PrometheusSink
-from convoy.integrations.ray_train import RayTrainReportSink
 from convoy.launchers.base import (
     TRAIN,
     Launcher,
@@ -39,19 +29,20 @@ from convoy.launchers.base import (
     check_run_location,
     check_shared_storage,
 )
+from convoy.launchers.ray_failures import fit
 from convoy.launchers.ray_local import (
     RUN_ENV,
     probe_gcs_client,
     prometheus_enabled,
+    quiet_ray_loggers,
     route_ray_output,
     send_ray_output_to,
-    set_process_niceness,
     start_private_ray,
     use_token_if_available,
     user_started_cluster,
     worker_niceness,
 )
-from convoy.launchers.ray_preemption import RayPreemptionNotices, wait_for_preemption
+from convoy.launchers.ray_worker import ray_worker_main
 from convoy.outputs import read_summary, write_config
 
 
@@ -125,18 +116,6 @@ def worker_nodes(job: Job, nodes: list[dict[str, float]]) -> list[dict[str, floa
 
 def alive_node_resources(ray: Any) -> list[dict[str, float]]:
     return [dict(n["Resources"]) for n in ray.nodes() if n.get("Alive")]
-
-
-def quiet_ray_loggers() -> None:
-    """Keep Ray Train's per-report and Ray Data's per-execution INFO lines out of the run log."""
-    for name in ("ray.train", "ray.data"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    # Ray Train's worker context logs every report at INFO under a logger named by its file.
-    try:
-        from ray.train.v2._internal.execution import context
-    except ImportError:
-        return
-    logging.getLogger(context.__file__).setLevel(logging.WARNING)
 
 
 def ensure_ray(
@@ -344,12 +323,11 @@ def build_trainer(
     ``private_ray``: the run's own one-node Ray (no autoscaler to ask, no drain notices to
     watch); ``sole_run``: the driver exits with this run (``convoy train``, not a Tune
     trial)."""
-    from ray.train import DataConfig, FailureConfig, RunConfig, ScalingConfig
+    from ray.train import DataConfig, ScalingConfig
 
     # ray_torch imports Ray Train at its top: here, it keeps the ray extra optional.
     from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
 
-    storage_path, _, name = job.run_uri.rpartition("/")
     config: dict[str, Any] = {
         "job": job.model_dump(mode="json"),
         "entry": entry.to_dict(),
@@ -381,18 +359,28 @@ def build_trainer(
             resources_per_worker=worker_resources(job),
             elastic_resize_monitor_interval_s=job.scaling.elastic_monitor_interval_s,
         ),
-        run_config=RunConfig(
-            name=name,
-            storage_path=storage_path,
-            # mypy reads Train V1's FailureConfig; Ray 2.60 exports V2's, which has this field.
-            failure_config=FailureConfig(  # type: ignore[call-arg]
-                max_failures=job.scaling.max_failures,
-                max_preemption_failures=job.scaling.max_preemption_failures,
-                relax_collectives_on_preemption=job.scaling.relax_collectives_on_preemption,
-            ),
-            checkpoint_config=checkpoint_config(job),
-            callbacks=list(callbacks),
+        run_config=run_config(job, callbacks),
+    )
+
+
+def run_config(job: Job, callbacks: tuple[Any, ...] = ()) -> Any:
+    """Ray Train's ``RunConfig``: the run directory as the experiment directory, the failures
+    and preemptions to restart from, the checkpoint retention and the controller's
+    ``callbacks``."""
+    from ray.train import FailureConfig, RunConfig
+
+    storage_path, _, name = job.run_uri.rpartition("/")
+    return RunConfig(
+        name=name,
+        storage_path=storage_path,
+        # mypy reads Train V1's FailureConfig; Ray 2.60 exports V2's, which has this field.
+        failure_config=FailureConfig(  # type: ignore[call-arg]
+            max_failures=job.scaling.max_failures,
+            max_preemption_failures=job.scaling.max_preemption_failures,
+            relax_collectives_on_preemption=job.scaling.relax_collectives_on_preemption,
         ),
+        checkpoint_config=checkpoint_config(job),
+        callbacks=list(callbacks),
     )
 
 
@@ -484,190 +472,3 @@ def prepare_on_cluster(ray: Any, job: Job, shared_cluster: bool = False) -> Job:
         # the workers per node (hsdp's default shard group) is checked before they start.
         job.strategy.check_layout(world_sizes(job.scaling), job.scaling.max_workers)
     return job
-
-
-def fit(trainer: Any, job: Job) -> Any:
-    """``trainer.fit()``, with a worker's ConvoyError or a lost node turned into one line."""
-    from ray.train import TrainingFailedError
-
-    try:
-        return trainer.fit()
-    except TrainingFailedError as exc:
-        failures = getattr(exc, "worker_failures", {}) or {}
-        for failure in failures.values():
-            cause = _convoy_cause(failure)
-            if cause is not None:
-                raise cause from None
-        lost = dead_nodes(lost_nodes(failures))
-        if lost:
-            raise LaunchError(
-                f"Ray Train run failed: lost node {', '.join(lost)} (its workers stopped answering "
-                f"and Ray marked the node dead); {resume_hint(job)}"
-            ) from None
-        raise LaunchError(f"Ray Train run failed: {exc}") from None
-
-
-def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
-    """The IPs of nodes whose workers stopped answering or died with their node.
-
-    Ray reports a worker on a dead node as a failed health check ("actor is unavailable",
-    with the worker's ``node_ip``) or as an actor that died with its node (``ip: ...``);
-    an exception raised by the training code itself is not a lost node.
-    """
-    lost: list[str] = []
-    for failure in failures.values():
-        text = str(failure)
-        unreachable = re.search(
-            r"health check failed|actor .* unavailable|node (has )?died|raylet .*died", text, re.I
-        )
-        ip = re.search(r"node_ip='([^']+)'|\bip: (\S+)", text)
-        # A surviving rank may report first: its collective lost the peer, which gloo words
-        # as "Read error [ip]:port: Connection reset by peer" or "Connection closed by peer
-        # [ip]:port". dead_nodes() then asks the GCS about that peer.
-        peer = re.search(
-            r"\[([\d.]+)\]:\d+: Connection (?:reset|closed) by peer"
-            r"|Connection (?:reset|closed) by peer \[([\d.]+)\]:\d+",
-            text,
-        )
-        for address in (
-            (ip.group(1) or ip.group(2)) if unreachable and ip else None,
-            (peer.group(1) or peer.group(2)) if peer else None,
-        ):
-            if address and address not in lost:
-                lost.append(address)
-    return lost
-
-
-# Ray's GCS marks a node dead after missed health checks (5 x 3 s by default).
-NODE_DEATH_WAIT_S = 20.0
-
-
-def dead_nodes(candidates: list[str], timeout: float = NODE_DEATH_WAIT_S) -> list[str]:
-    """Those of ``candidates`` (node IPs) that Ray marks dead within ``timeout``.
-
-    A worker that stops answering may have died alone (a crash, an OOM kill) on a live node;
-    only the GCS knows whether the node itself is gone.
-    """
-    import ray
-
-    deadline = time.monotonic() + timeout
-    while candidates:
-        alive = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
-        dead = [ip for ip in candidates if ip not in alive]
-        if dead or time.monotonic() > deadline:
-            return dead
-        time.sleep(0.5)
-    return []
-
-
-def resume_hint(job: Job) -> str:
-    """What to do after a failed run: which checkpoint resumes, and the elastic option."""
-    # Only after a failure: convoy.checkpoint brings torch's distributed checkpointing
-    # (seconds to import) into a driver that otherwise never needs it.
-    from convoy.checkpoint import committed_checkpoints
-
-    try:
-        saved = committed_checkpoints(job.run_uri)
-    except Exception:  # unreadable storage: say what we can
-        saved = []
-    where = (
-        f"the committed checkpoint {saved[-1]} resumes when you run {job.run.name!r} again"
-        if saved
-        else "no checkpoint was committed (set checkpoint.every_steps to save during a run)"
-    )
-    return (
-        f"{where}; to continue on the nodes left instead, set scaling.max_failures and an "
-        "elastic scaling.num_workers [MIN, MAX]"
-    )
-
-
-def _convoy_cause(error: BaseException) -> ConvoyError | None:
-    """A ConvoyError raised inside a worker, unwrapped from Ray's wrappers."""
-    seen: BaseException | None = error
-    while seen is not None:
-        if isinstance(seen, ConvoyError):
-            return seen
-        seen = getattr(seen, "cause", None) or seen.__cause__
-    return None
-
-
-def ray_worker_main(config: dict[str, Any]) -> None:
-    """Runs on every Ray Train worker: build the context from Ray's, run the entry."""
-    import ray
-    import ray.train
-    from ray.train.torch import get_device
-
-    quiet_ray_loggers()
-    job = job_from_dict(config["job"])
-    context = ray.train.get_context()
-    refused = set_process_niceness(config["niceness"])
-    if refused and context.get_world_rank() == 0:
-        print(f"convoy: train workers keep Ray's priority: {refused}", flush=True)
-    reports = RayTrainReportSink()
-    ctx = WorkerContext(
-        rank=context.get_world_rank(),
-        local_rank=context.get_local_rank(),
-        world_size=context.get_world_size(),
-        local_world_size=context.get_local_world_size(),
-        device=get_device() if job.scaling.use_gpu else torch.device("cpu"),
-        cpus=ray.get_runtime_context().get_assigned_resources().get("CPU"),
-        checkpoint_reporter=functools.partial(report_checkpoint, job, reports),
-        resume_from=_ray_latest_checkpoint(),
-        stop_notices=RayPreemptionNotices(job.scaling.relax_collectives_on_preemption),
-        sinks=(reports, *_prometheus_sinks(job, context.get_world_rank())),
-    )
-    if "ray_data" in config:
-        data = ray_worker_data(job, config["ray_data"], ctx.rank, ctx.world_size)
-        ctx = dataclasses.replace(ctx, data=data)
-    try:
-        summary = WorkerEntry.from_dict(config["entry"]).run(job, ctx)
-    except StopRequested as stopped:
-        wait_for_preemption(stopped, ctx.rank)
-    # The last report: the run's final metrics (rank 0's copy reaches Result.metrics).
-    reports.finish(dict(summary.get("metrics", {})))
-
-
-def _prometheus_sinks(job: Job, rank: int) -> tuple[Any, ...]:
-    if not prometheus_enabled(job):
-        return ()
-    return (PrometheusSink(job.run.name or "unnamed", rank),)
-
-
-def report_checkpoint(
-    job: Job, reports: Any, relative_path: str, metrics: dict[str, float]
-) -> None:
-    """Register a committed checkpoint with Ray Train (every rank calls this once per save).
-
-    Convoy has already written every rank's shards and the commit marker into the run
-    directory, which is Ray's experiment directory, so Ray uploads nothing (``NO_UPLOAD``); it
-    records the checkpoint (``Result.checkpoint``, ``get_checkpoint()`` on a restart) and
-    applies the retention of ``checkpoint_config``. Reporting only after the commit keeps
-    Ray from deleting an older checkpoint before the newer one is complete.
-    """
-    import ray.train
-    from ray.train import Checkpoint
-
-    storage = ray.train.get_context().get_storage()
-    checkpoint = Checkpoint(
-        path=f"{storage.experiment_fs_path}/{relative_path}",
-        filesystem=storage.storage_filesystem,
-    )
-    score = job.checkpoint.best_metric
-    # A checkpoint without the ranking metric (saved before the first evaluation) ranks last.
-    worst = float("inf") if job.checkpoint.best_mode == "min" else float("-inf")
-    reports.report_checkpoint(
-        {**metrics, score: metrics.get(score, worst), "checkpoint": relative_path}, checkpoint
-    )
-
-
-def _ray_latest_checkpoint() -> str | None:
-    """Ray Train's latest registered checkpoint, relative to the run directory."""
-    import ray.train
-
-    checkpoint = ray.train.get_checkpoint()
-    if checkpoint is None:
-        return None
-    storage = ray.train.get_context().get_storage()
-    prefix = storage.experiment_fs_path.rstrip("/") + "/"
-    path = str(checkpoint.path)
-    return path[len(prefix) :] if path.startswith(prefix) else path

@@ -311,6 +311,18 @@ def silenced(logger_name: str) -> Iterator[None]:
         logger.disabled = was
 
 
+def quiet_ray_loggers() -> None:
+    """Keep Ray Train's per-report and Ray Data's per-execution INFO lines out of the run log."""
+    for name in ("ray.train", "ray.data"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    # Ray Train's worker context logs every report at INFO under a logger named by its file.
+    try:
+        from ray.train.v2._internal.execution import context
+    except ImportError:
+        return
+    logging.getLogger(context.__file__).setLevel(logging.WARNING)
+
+
 def worker_niceness(settings: RayLauncherConfig) -> int:
     """The nice value train workers should run at: the recipe's, else this process's."""
     if settings.worker_niceness is not None:

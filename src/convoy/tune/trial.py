@@ -13,7 +13,8 @@ from ray.tune import Callback
 from ray.tune.schedulers import AsyncHyperBandScheduler, TrialScheduler
 
 from convoy.launchers.base import default_entry
-from convoy.launchers.ray import build_trainer, fit, prepare_on_cluster
+from convoy.launchers.ray import build_trainer, prepare_on_cluster
+from convoy.launchers.ray_failures import fit
 from convoy.launchers.ray_local import on_private_ray
 from convoy.outputs import write_config
 from convoy.preflight import resolve_tracking
