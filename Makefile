@@ -103,7 +103,7 @@ browser:
 
 ## test: lint, then every test tier (unit, distributed, e2e, cluster)
 test: envtest-build browser install lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/launcher_overhead.py
