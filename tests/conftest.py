@@ -9,6 +9,7 @@ import tarfile
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -27,18 +28,27 @@ REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist (``make test`` runs ``-n 2 --dist loadgroup``), a module's tests stay
-    on one worker, since they share its module fixtures (a cluster, a Ray head, a reference
-    run), and the whole cluster tier stays on one worker: its multi-node clusters and their
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under pytest-xdist with ``--dist loadscope`` (``make test``), a module's tests stay on
+    one worker, since they share its module fixtures (a cluster, a Ray head, a reference run),
+    and the whole cluster tier is one scope, on one worker: its multi-node clusters and their
     node kills are timed against one another's CPU, not against a second cluster's."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    cluster_tier = REPO / "tests" / "cluster"
-    for item in items:
-        in_cluster_tier = cluster_tier in item.path.parents
-        group = "cluster" if in_cluster_tier else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
+    if config.getvalue("dist") != "loadscope":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # the dev extra's pytest-xdist
+
+    class TierScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return tier_scope(nodeid)
+
+    return TierScheduling(config, log)
+
+
+def tier_scope(nodeid: str) -> str:
+    """The scope a test is scheduled with: its module, or the whole cluster tier."""
+    module = nodeid.split("::", 1)[0]
+    return "tests/cluster" if module.startswith("tests/cluster/") else module
 
 
 @pytest.fixture(scope="session", autouse=True)

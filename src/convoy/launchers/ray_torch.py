@@ -37,7 +37,7 @@ from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_cli
     TrainAutoscalingCoordinatorClient,
 )
 
-from convoy.launchers.ray_local import state_api_running
+from convoy.launchers import ray_local
 from convoy.network import socket_interface_env
 
 # How long a worker group trains before the helpers that serve long runs start: Ray Train's
@@ -131,7 +131,7 @@ class ConvoyTorchTrainer(TorchTrainer):
         # mypy sees Train V1's TorchTrainer; Ray 2.60 exports V2's, which has this method.
         callbacks: list[Any] = super()._create_default_callbacks()  # type: ignore[misc]
         dropped: tuple[type, ...] = () if self.datasets else (DatasetsCallback,)
-        state_api = state_api_running()
+        state_api = ray_local.state_api_running()  # looked up here: tests replace it
         if self._sole_run or not state_api:
             dropped += (PlacementGroupCleanerCallback,)
         if not state_api and not self._prometheus:
