@@ -42,6 +42,12 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         def _split_scope(self, nodeid: str) -> str:
             return tier_scope(nodeid)
 
+    # xdist hands out the scopes with the most tests first by default: here the cheapest
+    # (a unit module of 100 one-millisecond tests) before the dearest (an e2e module of 3 Ray
+    # runs), which left one worker on the last e2e modules while the other sat idle. The
+    # collection is ordered dearest tier first instead (``pytest_collection_modifyitems``),
+    # so the cheap unit modules fill the end of the run on both workers.
+    config.option.loadscopereorder = False
     return TierScheduling(config, log)
 
 
@@ -49,6 +55,25 @@ def tier_scope(nodeid: str) -> str:
     """The scope a test is scheduled with: its module, or the whole cluster tier."""
     module = nodeid.split("::", 1)[0]
     return "tests/cluster" if module.startswith("tests/cluster/") else module
+
+
+# The tiers from the dearest test to the cheapest (CPU seconds per test on 2 cores: a cluster
+# or e2e test starts launchers and Ray, a distributed one forks gloo ranks, a unit test stays
+# in its process).
+TIER_ORDER = ("cluster", "e2e", "distributed", "gpu", "unit")
+
+
+def tier_rank(nodeid: str) -> int:
+    """Where a test's tier comes in ``TIER_ORDER`` (after them all when not in one)."""
+    parts = nodeid.split("/")
+    tier = parts[1] if len(parts) > 2 and parts[0] == "tests" else ""
+    return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Dearest tier first, each module's tests together and in their own order (a stable
+    sort), so that workers given whole modules take the long ones first."""
+    items.sort(key=lambda item: tier_rank(item.nodeid))
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -225,21 +225,20 @@ def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
 def test_two_runs_started_together_each_train_on_their_own_ray(
     ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
 ) -> None:
-    sensors = [str(REPO / "recipes" / "sensor_basicmotions.yaml"), "-o", "run.epochs=2"]
-    storage = ["-o", f"run.storage_dir={tmp_path}"]
+    """The same small run twice at once, as two users would start it: each on a Ray of its
+    own, neither's workers the other's, and each trains exactly what the run alone trained."""
     runs = {
-        "digits": convoy(ray_tmp, "train", *SMALL_RUN, *storage),
-        "sensors": convoy(ray_tmp, "train", *sensors, *storage),
+        name: convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path / name}")
+        for name in ("first", "second")
     }
     workers = watch_workers(runs)
     outputs = {name: finish(process) for name, process in runs.items()}
     # Each run's train workers are processes of its own Ray, which the run names.
-    assert len(workers["digits"]) == 2 and len(workers["sensors"]) == 2, workers
-    assert own_ray(outputs["digits"]) != own_ray(outputs["sensors"])
+    assert len(workers["first"]) == 2 and len(workers["second"]) == 2, workers
+    assert own_ray(outputs["first"]) != own_ray(outputs["second"])
     assert not any("joining" in output for output in outputs.values())
-    same_metrics(summary_of(outputs["digits"]), alone)
-    alone_sensors = finish(convoy(ray_tmp, "train", *sensors, *storage))
-    same_metrics(summary_of(outputs["sensors"]), summary_of(alone_sensors))
+    for output in outputs.values():
+        same_metrics(summary_of(output), alone)
 
 
 def test_a_run_started_during_a_sweep_keeps_to_its_own_ray(
