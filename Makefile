@@ -7,8 +7,9 @@ RECIPE ?= recipes/default.yaml
 PYTEST_ARGS ?=
 # Two pytest workers (pytest-xdist): a test that waits on a Ray, a restart or a timeout leaves
 # its core to the other worker. Each worker has its own Ray; a module stays on one worker.
-# PYTEST_WORKERS=0 runs in one process. The cluster tier runs after, alone: its node kills and
-# spot notices are timed, and they were missed with a second worker's e2e runs beside them.
+# PYTEST_WORKERS=0 runs in one process. The cluster tier runs beside them in its own pytest,
+# ahead of them on the CPU (tests/run_tiers.py says how): its node kills and spot notices are
+# timed against its runs.
 PYTEST_WORKERS ?= 2
 
 export RAY_USAGE_STATS_ENABLED := 0
@@ -104,8 +105,7 @@ browser:
 
 ## test: lint, then every test tier (unit, distributed, e2e, cluster)
 test: envtest-build browser install lint
-	$(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadscope --ignore=tests/cluster $(PYTEST_ARGS)
-	$(PY) -m pytest tests/cluster $(PYTEST_ARGS)
+	$(PY) tests/run_tiers.py --workers $(PYTEST_WORKERS) $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/launcher_overhead.py

@@ -26,7 +26,7 @@ def ray_job(tmp_path: Path, name: str, *extra: str) -> Job:
             "scaling.num_workers=2",
             "scaling.cpus_per_worker=0.5",
             "scaling.max_failures=2",
-            "run.epochs=2",
+            "run.epochs=1",  # 39 steps: the kills land mid-epoch, after the save at step 20
             "checkpoint.every_steps=20",
             "run.progress=off",
             f"run.storage_dir={tmp_path}",

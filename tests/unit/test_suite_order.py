@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from conftest import TIER_ORDER, tier_rank, tier_scope
 
 
@@ -40,3 +42,26 @@ def test_the_cluster_tier_is_one_scope_and_other_tests_their_module() -> None:
     assert tier_scope("tests/cluster/test_multinode.py::test_a") == "tests/cluster"
     assert tier_scope("tests/cluster/test_preemption.py::test_b[ddp]") == "tests/cluster"
     assert tier_scope("tests/e2e/test_cli.py::test_c[x-y]") == "tests/e2e/test_cli.py"
+
+
+def test_the_runner_reports_the_first_failure_and_ignores_an_empty_side() -> None:
+    from run_tiers import NOTHING_COLLECTED, combined_exit_code
+
+    assert combined_exit_code((0, 0)) == 0
+    assert combined_exit_code((1, 0)) == 1 and combined_exit_code((0, 2)) == 2
+    assert combined_exit_code((NOTHING_COLLECTED, 0)) == 0  # -k matched cluster tests only
+    assert combined_exit_code((NOTHING_COLLECTED, 1)) == 1
+    assert combined_exit_code((NOTHING_COLLECTED, NOTHING_COLLECTED)) == NOTHING_COLLECTED
+
+
+def test_the_low_weight_cgroup_is_made_and_removed(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import run_tiers
+
+    if os.access(run_tiers.CPU_CGROUPS, os.W_OK):  # root with cgroup v1's cpu controller
+        with run_tiers.low_weight_cgroup() as procs:
+            assert procs is not None and procs.is_file()
+            assert (procs.parent / "cpu.shares").read_text().strip() == "256"
+        assert not procs.parent.exists()
+    monkeypatch.setattr(run_tiers, "CPU_CGROUPS", tmp_path / "no-such-controller")
+    with run_tiers.low_weight_cgroup() as procs:
+        assert procs is None  # the tiers then run one after the other
