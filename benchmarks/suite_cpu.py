@@ -43,6 +43,15 @@ def pytest_configure(config: pytest.Config) -> None:
     (GROUP / "cgroup.procs").write_text(str(os.getpid()))
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """Back to the root group, and the group removed (kept while a process is left in it)."""
+    try:
+        (CPUACCT / "cgroup.procs").write_text(str(os.getpid()))
+        GROUP.rmdir()
+    except OSError:
+        pass
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     cpu, wall = _usage(), time.monotonic()
