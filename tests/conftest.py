@@ -44,9 +44,9 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
     # xdist hands out the scopes with the most tests first by default: here the cheapest
     # (a unit module of 100 one-millisecond tests) before the dearest (an e2e module of 3 Ray
-    # runs), which left one worker on the last e2e modules while the other sat idle. The
-    # collection is ordered dearest tier first instead (``pytest_collection_modifyitems``),
-    # so the cheap unit modules fill the end of the run on both workers.
+    # runs), so a long e2e module could be the last one out, on one worker while the other
+    # sits idle. The collection is ordered dearest tier first instead
+    # (``pytest_collection_modifyitems``), so the cheap unit modules fill the end.
     config.option.loadscopereorder = False
     return TierScheduling(config, log)
 

@@ -41,6 +41,10 @@ def pytest_command(*args: str) -> list[str]:
     return [sys.executable, "-m", "pytest", *args]
 
 
+def cluster_command(pytest_args: list[str]) -> list[str]:
+    return pytest_command(CLUSTER_TIER, *pytest_args)
+
+
 @contextlib.contextmanager
 def low_weight_cgroup() -> Iterator[Path | None]:
     """A CPU cgroup of weight ``UNTIMED_SHARES`` (its ``cgroup.procs``), removed after;
@@ -80,9 +84,9 @@ def run_untimed_tiers(workers: str, pytest_args: list[str], procs: Path | None) 
 def run_beside(workers: str, pytest_args: list[str], procs: Path) -> tuple[int, int]:
     """The cluster tier in the background (its output to a file, printed after), the others
     in the foreground: both exit codes."""
-    with tempfile.NamedTemporaryFile("w+", prefix="convoy-cluster-tier-", suffix=".log") as log:
+    with tempfile.TemporaryFile("w+", errors="replace") as log:
         cluster = subprocess.Popen(
-            pytest_command(CLUSTER_TIER, *pytest_args),
+            cluster_command(pytest_args),
             stdout=log,
             stderr=subprocess.STDOUT,
             start_new_session=True,  # ended as a group if this runner is interrupted
@@ -95,8 +99,9 @@ def run_beside(workers: str, pytest_args: list[str], procs: Path) -> tuple[int, 
                 os.killpg(cluster.pid, signal.SIGTERM)
             cluster.wait()
             raise
+        log.seek(0)
         print(f"\n===== {CLUSTER_TIER} (run beside the other tiers) =====", flush=True)
-        print(Path(log.name).read_text(errors="replace"), flush=True)
+        print(log.read(), flush=True)
     return others, cluster_code
 
 
@@ -108,7 +113,7 @@ def main() -> int:
         if procs is None:
             print(f"run_tiers: no CPU cgroup here ({CPU_CGROUPS}); {CLUSTER_TIER} runs after")
             others = run_untimed_tiers(options.workers, pytest_args, None)
-            codes = (others, subprocess.run(pytest_command(CLUSTER_TIER, *pytest_args)).returncode)
+            codes = (others, subprocess.run(cluster_command(pytest_args)).returncode)
         else:
             codes = run_beside(options.workers, pytest_args, procs)
     return combined_exit_code(codes)

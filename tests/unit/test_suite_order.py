@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import os
+import time
+
+import pytest
 
 from conftest import TIER_ORDER, tier_rank, tier_scope
 
@@ -65,3 +68,86 @@ def test_the_low_weight_cgroup_is_made_and_removed(monkeypatch, tmp_path) -> Non
     monkeypatch.setattr(run_tiers, "CPU_CGROUPS", tmp_path / "no-such-controller")
     with run_tiers.low_weight_cgroup() as procs:
         assert procs is None  # the tiers then run one after the other
+
+
+# A stand-in for pytest in the runner's tests: says which side it is, which CPU cgroup it runs
+# in, and exits with the code the test gives that side.
+FAKE_PYTEST = (
+    "import sys\n"
+    "side = 'cluster' if sys.argv[1] == 'tests/cluster' else 'others'\n"
+    "cgroup = [l for l in open('/proc/self/cgroup') if ':cpu:' in l or ':cpu,' in l]\n"
+    "print(side, 'ran in', cgroup[0].strip() if cgroup else '?', flush=True)\n"
+    "sys.exit(int(dict(a.split('=') for a in sys.argv[2:] if '=' in a)[side]))\n"
+)
+
+
+def fake_pytest(monkeypatch, codes: str) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    import run_tiers
+
+    monkeypatch.setattr(
+        run_tiers, "pytest_command", lambda *args: [sys.executable, "-c", FAKE_PYTEST, *args]
+    )
+    # The pytest arguments both sides get: here the exit code of each.
+    monkeypatch.setattr(sys, "argv", ["run_tiers.py", "--workers", "0", *codes.split()])
+
+
+def test_without_a_cgroup_the_cluster_tier_runs_after_and_its_failure_counts(
+    monkeypatch, tmp_path, capfd
+) -> None:  # type: ignore[no-untyped-def]
+    import run_tiers
+
+    fake_pytest(monkeypatch, "others=0 cluster=1")
+    monkeypatch.setattr(run_tiers, "CPU_CGROUPS", tmp_path / "no-such-controller")
+    assert run_tiers.main() == 1
+    out = capfd.readouterr().out
+    assert "runs after" in out
+    assert out.index("others ran") < out.index("cluster ran")
+
+
+def test_beside_the_cluster_tier_the_others_run_in_the_low_weight_cgroup(
+    monkeypatch, capfd
+) -> None:  # type: ignore[no-untyped-def]
+    import run_tiers
+
+    if not os.access(run_tiers.CPU_CGROUPS, os.W_OK):
+        pytest.skip(f"no writable CPU cgroup controller at {run_tiers.CPU_CGROUPS} (needs root)")
+    fake_pytest(monkeypatch, "others=3 cluster=0")
+    assert run_tiers.main() == 3
+    out = capfd.readouterr().out
+    others = next(line for line in out.splitlines() if line.startswith("others ran"))
+    assert "convoy-untimed-" in others
+    # The cluster tier's output comes after its header, once it has ended.
+    assert out.index("(run beside the other tiers)") < out.index("cluster ran in")
+    assert not [p for p in run_tiers.CPU_CGROUPS.iterdir() if "convoy-untimed-" in p.name]
+
+
+def test_an_interrupted_runner_ends_the_cluster_tier(monkeypatch, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import sys
+
+    import run_tiers
+
+    # The stand-in cluster tier says it started, then records a SIGTERM if one comes before it
+    # would end by itself.
+    state = tmp_path / "cluster.state"
+    cluster = (
+        "import signal, sys, time\n"
+        f"state = {str(state)!r}\n"
+        "def ended(*_): open(state, 'w').write('terminated'); sys.exit(1)\n"
+        "signal.signal(signal.SIGTERM, ended)\n"
+        "open(state, 'w').write('started')\n"
+        "time.sleep(5)\n"
+        "open(state, 'w').write('ran out')\n"
+    )
+    monkeypatch.setattr(run_tiers, "cluster_command", lambda args: [sys.executable, "-c", cluster])
+
+    def interrupted(*args: object) -> int:
+        while not state.exists() or state.read_text() != "started":
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_tiers, "run_untimed_tiers", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_tiers.run_beside("0", [], tmp_path / "unused")
+    assert state.read_text() == "terminated"
