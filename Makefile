@@ -21,7 +21,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # and `make lint` install every extra; that install also stands for `make run`'s, so `make run`
 # after `make test` installs nothing. A command whose extra is missing names its install line.
 RUN_EXTRAS := ray
-DEV_EXTRAS := ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune
+DEV_EXTRAS := ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune,hf
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 NEW_VENV := (test -x $(PY) || $(PYTHON) -m venv $(VENV)) && $(PY) -m pip install --quiet --upgrade pip
@@ -42,7 +42,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP_INSTALL) ".[$(DEV_EXTRAS)]"
 	touch $(STAMP) $(RUN_STAMP)
 
-## dev: install every extra (tests, lint, plots, tracking, Lightning, Optuna, k8s, text, sensors)
+## dev: install every extra (tests, lint, plots, tracking, Lightning, Optuna, k8s, text, sensors, hf)
 dev: install
 
 ## run: train the default recipe (ViT on digits, ddp, 2 workers on an embedded local Ray)

@@ -2,7 +2,7 @@
 
 FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one forward, loss and
 backward of a copy of the model built on the meta device, fed meta tensors shaped like the
-first micro-batch: nothing is computed or allocated, so any model size costs milliseconds.
+first micro-batch, under ``FakeTensorMode``: nothing is computed or allocated, so any model size costs milliseconds.
 The count covers matrix products and convolutions (what FlopCounterMode knows), not the
 optimizer step or element-wise work, which is the convention MFU is quoted in (PaLM,
 nanoGPT, TorchTitan).
@@ -85,11 +85,15 @@ def count_train_flops_per_sample(
     ``build`` makes the model; it is called under the meta device. Raises whatever the model
     raises when it cannot run on meta tensors (one that reads values, e.g. ``.item()``).
     """
+    # Fake tensors over the meta model: a model that branches on a value only where it is not
+    # being traced (transformers' mask helpers) takes its traced path and runs.
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     inputs, targets = batch
     with torch.device("meta"):
         model = build()
     counter = FlopCounterMode(display=False)
-    with counter:
+    with FakeTensorMode(allow_non_fake_inputs=True), counter:
         loss = loss_sum(forward(model, _on_meta(inputs)), _on_meta(targets))
         loss.backward()
     return counter.get_total_flops() / max(1, batch_rows(inputs))

@@ -2,7 +2,8 @@
 
 Built in: vision (``vit_course``, ``vit_tiny``, ``mlp``), causal language models (``gpt`` and
 the presets ``gpt_tiny``, ``gpt_small``, ``gpt_1b``), a time-series classifier
-(``conv1d``) and a network for tabular rows (``tabular_mlp``).
+(``conv1d``), a network for tabular rows (``tabular_mlp``) and any Hugging Face
+``transformers`` model from a local folder or a config (``hf``, ``convoy.models.huggingface``).
 
 Factories take keyword arguments only. The dataset supplies its data-shaped arguments
 (``num_classes``, ``in_channels``, ``image_size``, ``vocab_size``, ``num_features``...) unless
@@ -22,6 +23,7 @@ from torch import nn
 from convoy.errors import ConfigError, one_of
 from convoy.imports import import_attribute
 from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
+from convoy.models.huggingface import hf
 from convoy.models.mlp import MLP
 from convoy.models.sequence import Conv1dNet
 from convoy.models.tabular import TabularMLP
@@ -39,6 +41,7 @@ MODELS: dict[str, ModelFactory] = {
     "gpt_1b": gpt_1b,
     "conv1d": Conv1dNet,
     "tabular_mlp": TabularMLP,
+    "hf": hf,
 }
 
 
