@@ -29,6 +29,7 @@ from convoy.engine.sinks import TRACKING_SINKS
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
 from convoy.integrations.lightning_checks import check_lightning
+from convoy.models.huggingface import HuggingFaceModel, repeated_classes
 from convoy.models.registry import build_model, check_model
 from convoy.strategies import strategy_class
 from convoy.strategies.blocks import compiled_targets, model_blocks
@@ -322,6 +323,7 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
             job.model.name,
             f"the factory returned {type(model).__name__}, not a torch.nn.Module",
         )
+    check_found_blocks(job, model)
     if job.strategy.activation_checkpointing != "none":
         model_blocks(model, job.strategy.activation_checkpointing)  # it has blocks to checkpoint
     tp_size = tp_size_of(job.strategy)
@@ -330,6 +332,27 @@ def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:
 
         model_plan(model, tp_size)  # it states a plan, and the plan splits evenly
     return model
+
+
+def check_found_blocks(job: Job, model: torch.nn.Module) -> None:
+    """A Hugging Face model that is sharded per block, or checkpointed per block, must have
+    its blocks found (``_no_split_modules``, or ``model.kwargs.block_class``). Convoy's own
+    and users' models only warn when sharded whole; here the fix is one field away."""
+    if not isinstance(model, HuggingFaceModel) or len(model.blocks):
+        return
+    per_block = strategy_class(job.strategy.name).comm_buffers == "fsdp_units"
+    if not per_block and job.strategy.activation_checkpointing == "none":
+        return
+    inner = type(model.model).__name__
+    needs = job.strategy.name if per_block else "activation checkpointing"
+    layers = ", ".join(repeated_classes(model.model)) or "none in an nn.ModuleList"
+    raise ConfigError(
+        "model.kwargs.block_class",
+        job.model.kwargs.get("block_class"),
+        f"{needs} works per block and {inner}'s blocks are not found (no "
+        f"_no_split_modules); set model.kwargs.block_class to the class of its repeated "
+        f"layers ({layers})",
+    )
 
 
 def _rejected(job: Job, exc: Exception) -> ConfigError:

@@ -111,7 +111,9 @@ def load_config(path: str | None, config: dict[str, Any] | None) -> Any:
     try:
         return transformers.AutoConfig.for_model(model_type, **settings)
     except (TypeError, ValueError) as exc:
-        raise ConfigError("model.kwargs.config", config, f"transformers refused it: {exc}") from None
+        raise ConfigError(
+            "model.kwargs.config", config, f"transformers refused it: {exc}"
+        ) from None
 
 
 def _read_model_type(config_file: Path) -> Any:
@@ -165,6 +167,12 @@ def fit_config(
     if vocab_size is not None and hasattr(config, "vocab_size"):
         if not keeps_vocab:
             config.vocab_size = vocab_size
+            # Special ids of the config's default vocabulary (GPT-2's 50256) that the data's
+            # does not have: unset, as a tokenizer without them would leave them.
+            for name in ("bos_token_id", "eos_token_id", "pad_token_id"):
+                value = getattr(config, name, None)
+                if isinstance(value, int) and value >= vocab_size:
+                    setattr(config, name, None)
         elif vocab_size > config.vocab_size:
             field = "model.kwargs.path" if config.name_or_path else "model.kwargs.config.vocab_size"
             raise ConfigError(
@@ -179,9 +187,9 @@ def fit_config(
     if head == "regression":
         config.num_labels = num_outputs or 1
         config.problem_type = "regression"
-    if head == "image_classification" and in_channels is not None:
-        if hasattr(config, "num_channels") and not config.name_or_path:
-            config.num_channels = in_channels
+    image_channels = head == "image_classification" and hasattr(config, "num_channels")
+    if image_channels and in_channels is not None and not config.name_or_path:
+        config.num_channels = in_channels
 
 
 def head_class(head: str, config: Any) -> Any:
@@ -226,7 +234,7 @@ class HuggingFaceModel(nn.Module):
         # Not registered as a submodule (their parameters are the model's; the keys stay the
         # Hub's): a plain attribute that ``blocks`` returns.
         self.__dict__["_blocks"] = find_blocks(model, block_class)
-        self.images = "pixel_values" == getattr(model, "main_input_name", "input_ids")
+        self.images = getattr(model, "main_input_name", "input_ids") == "pixel_values"
 
     @property
     def blocks(self) -> nn.ModuleList:
