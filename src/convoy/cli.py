@@ -2,7 +2,7 @@
 
     convoy train RECIPE.yaml [-o key.path=value ...]
     convoy config show RECIPE.yaml [-o key.path=value ...]
-    convoy export RUN_DIR [--checkpoint step_N] --format safetensors
+    convoy export RUN_DIR [--checkpoint step_N] [--format safetensors|hf]
     convoy evaluate EXPORT_DIR
     convoy list
     convoy data prepare-imagenet|convert|synth-telematics|inspect ...

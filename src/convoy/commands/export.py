@@ -1,5 +1,6 @@
-"""``convoy export RUN_DIR [--checkpoint step_N] --format safetensors``: one checkpoint as a
-single-device model.safetensors plus model.json."""
+"""``convoy export RUN_DIR [--checkpoint step_N] [--format safetensors|hf]``: one checkpoint,
+consolidated from its shards, as a single-device model.safetensors plus model.json, or (for
+``model.name: hf`` runs) as a folder ``transformers`` loads."""
 
 from __future__ import annotations
 
@@ -9,14 +10,18 @@ from typing import Any
 
 from convoy.storage import is_remote
 
+FORMATS = ("safetensors", "hf")
+"""``--format`` choices (``convoy.export`` names them too; it is imported only to export)."""
+
 
 def add_parser(commands: Any) -> None:
     """Add the ``export`` sub-command to ``convoy``'s sub-parsers."""
     parser = commands.add_parser(
         "export",
-        help="export a checkpoint to one safetensors file",
+        help="export a checkpoint to one safetensors file or a transformers folder",
         description="Consolidate a run's checkpoint (sharded by any strategy and world size) "
-        "into one single-device model.safetensors plus model.json, loadable with plain PyTorch.",
+        "on one CPU device and write it with model.json (the job, its data's shape and the "
+        "recorded metrics) beside it; convoy evaluate takes either export.",
     )
     parser.add_argument(
         "run", help="the run directory, <run.storage_dir>/<run.name> (a path or s3:// URI)"
@@ -24,11 +29,19 @@ def add_parser(commands: Any) -> None:
     parser.add_argument(
         "--checkpoint", help="a checkpoint name like step_00000312 (default: latest)"
     )
-    parser.add_argument("--format", choices=["safetensors"], default="safetensors")
+    parser.add_argument(
+        "--format",
+        choices=FORMATS,
+        default="safetensors",
+        help="safetensors (default, any model): model.safetensors under Convoy's keys, "
+        "loadable with plain PyTorch; hf (model.name: hf runs): a save_pretrained folder "
+        "(config.json, model.safetensors, the tokenizer that made the training ids) that "
+        "transformers' auto classes and AutoTokenizer load",
+    )
     parser.add_argument(
         "--out",
-        help="output directory (default: <run>/export/<checkpoint>; for an s3:// run, "
-        "./export/<run name>/<checkpoint>)",
+        help="output directory (default: <run>/export/<checkpoint>, <checkpoint>-hf for hf; "
+        "for an s3:// run, ./export/<run name>/<checkpoint>)",
     )
     parser.set_defaults(handler=run)
 
@@ -36,14 +49,26 @@ def add_parser(commands: Any) -> None:
 def run(args: argparse.Namespace) -> int:
     """Export the chosen (default: latest) checkpoint and say where it went."""
     # Heavy (the exporter loads torch.distributed's checkpoint stack): imported only here.
-    from convoy.export import export_checkpoint, find_checkpoint
+    from convoy.export import (
+        TOKENIZER_NOTES,
+        export_checkpoint,
+        export_hf,
+        find_checkpoint,
+        read_description,
+    )
 
     checkpoint = find_checkpoint(args.run, args.checkpoint)
+    folder = checkpoint if args.format == "safetensors" else f"{checkpoint}-{args.format}"
     if args.out:
         out = Path(args.out)
     elif is_remote(args.run):  # next to where the command runs: exports are local files
-        out = Path("export") / args.run.rstrip("/").rsplit("/", 1)[-1] / checkpoint
+        out = Path("export") / args.run.rstrip("/").rsplit("/", 1)[-1] / folder
     else:
-        out = Path(args.run) / "export" / checkpoint
-    print(f"exported {checkpoint} to {export_checkpoint(args.run, out, checkpoint)}")
+        out = Path(args.run) / "export" / folder
+    if args.format == "safetensors":
+        print(f"exported {checkpoint} to {export_checkpoint(args.run, out, checkpoint)}")
+        return 0
+    export_hf(args.run, out, checkpoint)
+    note = TOKENIZER_NOTES[read_description(out)["tokenizer"]]
+    print(f"exported {checkpoint} to {out} for transformers; {note}")
     return 0

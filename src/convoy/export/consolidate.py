@@ -1,0 +1,103 @@
+"""What every export format starts from: one committed checkpoint read into one CPU model.
+
+``read_checkpoint`` names the checkpoint (the one asked for, or the latest) and reads its
+``meta.json``: the job that wrote it, the data's shape, the step and the metrics recorded
+for it. ``consolidated_model`` builds that job's model on one CPU device and reads only the
+model entries of the sharded DCP checkpoint into it: DCP reshards from any world size and
+strategy, with no process group. ``description`` is the ``model.json`` every export keeps
+beside its weights, so that ``convoy evaluate`` can rebuild the job's data and task.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed.checkpoint as dcp
+from torch import nn
+
+from convoy.checkpoint import checkpoint_path, committed_checkpoints, local_copy, read_meta
+from convoy.config import Job, job_from_saved
+from convoy.errors import ConvoyError
+from convoy.models.registry import build_model
+
+WEIGHTS_FILE = "model.safetensors"
+MODEL_FILE = "model.json"
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """A committed checkpoint of a run: its name, its ``meta.json`` and the job that wrote it."""
+
+    run: str | Path
+    name: str
+    meta: dict[str, Any]
+    job: Job
+
+
+def find_checkpoint(run: str | Path, checkpoint: str | None) -> str:
+    """The name of the given committed checkpoint of a run (local or ``s3://``), or its latest."""
+    found = committed_checkpoints(run)
+    if not found:
+        raise ConvoyError(f"RUN: {str(run)!r} has no committed checkpoints")
+    if checkpoint is None:
+        return found[-1]
+    if checkpoint in found:
+        return checkpoint
+    raise ConvoyError(f"--checkpoint: got {checkpoint!r}; this run has: {', '.join(found)}")
+
+
+def read_checkpoint(run: str | Path, checkpoint: str | None = None) -> SavedCheckpoint:
+    """The given (default: latest) committed checkpoint's facts; no weights are read."""
+    name = find_checkpoint(run, checkpoint)
+    meta = read_meta(run, name)
+    return SavedCheckpoint(run, name, meta, job_from_saved(meta["job"]))
+
+
+def build_job_model(job: Job, data_shape: dict[str, int]) -> nn.Module:
+    """The job's model, untrained, for data of this shape."""
+    return build_model(job.model.name, job.model.kwargs, data_shape)
+
+
+def consolidated_model(saved: SavedCheckpoint) -> nn.Module:
+    """The checkpoint's model on one CPU device, in eval mode, its weights read from the
+    shards of whatever strategy and world size saved them."""
+    model = build_job_model(saved.job, saved.meta["data_shape"])
+    state = model.state_dict()
+    # no_dist=True is the point here: DCP's warning that there is no process group is noise.
+    with local_copy(saved.run, saved.name) as path, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
+    # The state's tensors are mostly the parameters themselves (loaded in place, no copy);
+    # loading them back covers a model whose state_dict hooks hand out other tensors.
+    model.load_state_dict(state)
+    return model.eval()
+
+
+def description(saved: SavedCheckpoint, export_format: str) -> dict[str, Any]:
+    """What ``model.json`` says of an export: where it came from, the data's shape and
+    fingerprint, the recorded metrics and the whole job."""
+    return {
+        "format": export_format,
+        "checkpoint": f"{str(saved.run).rstrip('/')}/{checkpoint_path(saved.name)}",
+        "step": saved.meta["step"],
+        "data_shape": saved.meta["data_shape"],
+        "data_fingerprint": saved.meta.get("data_fingerprint"),
+        "metrics": saved.meta.get("metrics", {}),
+        "job": saved.job.model_dump(mode="json"),
+    }
+
+
+def write_description(out_dir: Path, described: dict[str, Any]) -> None:
+    """Write ``model.json``."""
+    (out_dir / MODEL_FILE).write_text(json.dumps(described, indent=2))
+
+
+def read_description(export_dir: Path) -> dict[str, Any]:
+    """An export's ``model.json``; ``format`` is ``safetensors`` for exports written before
+    there were others."""
+    described: dict[str, Any] = json.loads((export_dir / MODEL_FILE).read_text())
+    return {"format": "safetensors", **described}

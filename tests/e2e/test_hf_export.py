@@ -1,0 +1,180 @@
+"""``convoy export --format hf``: a run's checkpoint as a folder ``transformers`` loads.
+
+A Llama-shaped model (grouped-query attention) trained with FSDP2 on two torchrun workers,
+and a GPT-2-shaped one (its LM head tied to the token embedding) trained in one process,
+are exported with the command a user types; ``AutoModelForCausalLM`` and ``AutoTokenizer``
+then load the folder, and its logits are the checkpoint's own.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from pydoc_data.topics import topics
+from typing import Any
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import convoy
+from convoy.config import load_job
+from convoy.data.text import BPETokenizer
+from convoy.export import MODEL_FILE, WEIGHTS_FILE, evaluate_exported
+from convoy.export.consolidate import consolidated_model, read_checkpoint
+from convoy.outputs import TOKENIZER_FILE
+
+pytestmark = pytest.mark.e2e
+transformers = pytest.importorskip("transformers", reason="the 'hf' extra is not installed")
+
+RECIPES = Path(__file__).resolve().parents[2] / "recipes"
+TEXT = "def main():\n    return {'größe': 3}  # naïve ✓\n"
+"""Source-like text with multi-byte characters, to tokenize and run through both models."""
+
+TINY_LLAMA = [
+    "model.kwargs.config.hidden_size=32",
+    "model.kwargs.config.intermediate_size=64",
+    "model.kwargs.config.num_hidden_layers=2",
+    "model.kwargs.config.num_attention_heads=4",
+    "model.kwargs.config.num_key_value_heads=2",
+    "model.kwargs.config.max_position_embeddings=64",
+    "data.vocab_size=512",
+]
+FEW_SHORT_STEPS = [
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "data.eval_batch_size=64",
+    "run.epochs=1",
+    "run.max_steps=3",
+    "run.progress=off",
+]
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> Path:
+    """40k characters of CPython's help topics: the text recipe's own corpus, cut short so
+    that the tokenizer trains and the splits evaluate in a blink."""
+    text = "\n\n".join(topics[name] for name in sorted(topics))[:40_000]
+    path = tmp_path / "corpus.txt"
+    path.write_text(text)
+    return path
+
+
+def convoy_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``convoy ARGS`` in a new process, as a user runs it."""
+    return subprocess.run(
+        [sys.executable, "-m", "convoy", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def export_hf(run: Path, out: Path) -> str:
+    """``convoy export RUN --format hf --out OUT``; its output line."""
+    result = convoy_cli("export", str(run), "--format", "hf", "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def load_and_run(
+    run: Path, folder: Path, ids: torch.Tensor
+) -> tuple[Any, torch.Tensor, torch.Tensor]:
+    """The exported folder as ``AutoModelForCausalLM`` loads it, its logits, and the logits
+    of Convoy's model read from the run's (sharded) checkpoint, on the same input ids."""
+    exported = transformers.AutoModelForCausalLM.from_pretrained(folder).eval()
+    ours = consolidated_model(read_checkpoint(run))
+    with torch.no_grad():
+        return exported, exported(input_ids=ids).logits, ours(ids)
+
+
+def test_llama_trained_with_fsdp2_on_torchrun_exports_for_transformers(
+    tmp_path: Path, corpus: Path
+) -> None:
+    overrides = [
+        *TINY_LLAMA,
+        *FEW_SHORT_STEPS,
+        f"data.path={corpus}",
+        "scaling.launcher=torchrun",
+        f"run.storage_dir={tmp_path}",
+    ]
+    trained = convoy_cli(
+        "train", str(RECIPES / "lm_llama_hf.yaml"), "-o", "run.name=llama",
+        *(arg for override in overrides for arg in ("-o", override)),
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr
+    run = tmp_path / "llama"
+    (checkpoint,) = (run / "checkpoints").iterdir()
+    assert len(list(checkpoint.glob("*.distcp"))) == 2  # sharded by two ranks
+
+    out = tmp_path / "hf"
+    assert "tokenizer: the run's BPE" in export_hf(run, out)
+    config = json.loads((out / "config.json").read_text())
+    assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
+    assert (out / "generation_config.json").is_file()
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    trained_on = BPETokenizer.from_json((run / TOKENIZER_FILE).read_text()).encode([TEXT])
+    assert ids[0].tolist() == trained_on.tolist()  # the ids the model learned
+    model, exported, ours = load_and_run(run, out, ids)
+    assert type(model).__name__ == "LlamaForCausalLM"
+    assert exported.shape == (1, ids.shape[1], 512)
+    assert (exported - ours).abs().max().item() <= 1e-6
+
+    # convoy evaluate takes the folder too: its test metrics are the ones recorded.
+    recorded = json.loads((out / MODEL_FILE).read_text())["metrics"]
+    measured = evaluate_exported(out)
+    assert measured["test/loss"] == pytest.approx(recorded["test/loss"], rel=1e-5)
+
+
+def test_gpt2_tied_weights_and_byte_tokenizer_round_trip(tmp_path: Path, corpus: Path) -> None:
+    job = load_job(
+        RECIPES / "lm_llama_hf.yaml",
+        [
+            *FEW_SHORT_STEPS,
+            "model.kwargs.config={model_type: gpt2, n_embd: 32, n_layer: 2, n_head: 2, "
+            "n_positions: 64}",
+            "data.tokenizer=bytes",
+            f"data.path={corpus}",
+            "strategy.name=single",
+            "scaling.launcher=local",
+            "scaling.num_workers=1",
+            "run.name=gpt2",
+            f"run.storage_dir={tmp_path}",
+        ],
+    )
+    convoy.train(job)
+    out = tmp_path / "hf"
+    assert "tokenizer: UTF-8 bytes" in export_hf(job.run_dir, out)
+    keys = load_file(out / WEIGHTS_FILE)
+    assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys  # written once
+
+    tokenizer = transformers.AutoTokenizer.from_pretrained(out)
+    ids = tokenizer(TEXT, return_tensors="pt")["input_ids"]
+    assert ids[0].tolist() == list(TEXT.encode())
+    assert tokenizer.decode(ids[0]) == TEXT
+    model, exported, ours = load_and_run(job.run_dir, out, ids)
+    assert model.lm_head.weight is model.transformer.wte.weight  # tied again on loading
+    assert (exported - ours).abs().max().item() <= 1e-6
+
+
+def test_hf_export_of_another_model_says_to_use_safetensors(tmp_path: Path) -> None:
+    job = load_job(
+        RECIPES / "digits_mlp.yaml",
+        [
+            "strategy.name=single",
+            "scaling.launcher=local",
+            "run.max_steps=1",
+            "run.name=mlp",
+            "run.progress=off",
+            f"run.storage_dir={tmp_path}",
+        ],
+    )
+    convoy.train(job)
+    result = convoy_cli("export", str(job.run_dir), "--format", "hf")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        "convoy: error: --format: got 'hf'; this run's model is 'mlp' (model.name), not a "
+        "transformers model (model.name: hf): use --format safetensors"
+    ]
+    assert not (job.run_dir / "export").exists()
