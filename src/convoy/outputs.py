@@ -21,7 +21,9 @@ CONFIG_FILE = "config.yaml"
 METRICS_FILE = "metrics.jsonl"
 SUMMARY_FILE = "summary.json"
 TOKENIZER_FILE = "tokenizer.json"
-"""A text run's trained tokenizer (HuggingFace ``tokenizers`` JSON); exports copy it."""
+"""A text run's tokenizer (HuggingFace ``tokenizers`` JSON): the BPE it trained, or the model
+folder's (``data.tokenizer: model``; ``config.yaml`` records the folder as
+``data.tokenizer_path``); exports copy it."""
 
 
 def write_config(job: Job) -> RunStorage:

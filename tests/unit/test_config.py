@@ -74,7 +74,7 @@ def test_config_is_frozen() -> None:
 BAD_INPUTS = [
     (["strategy.name=zero3"], "strategy.name", "'ddp', 'fsdp', 'fsdp2', 'hsdp', 'single'"),
     (["model.name=resnet"], "model.name", "'vit_course', 'vit_tiny'"),
-    (["data.name=mnist"], "data.name", "'digits', 'imagefolder', 'numpy', 'parquet'"),
+    (["data.name=mnist"], "data.name", "'digits', 'hf_dataset', 'imagefolder', 'numpy', 'parquet'"),
     (["optim.wieght_decay=0.1"], "optim.wieght_decay", "did you mean 'weight_decay'"),
     (
         ["strategy.name=ddp", "strategy.tp_size=2"],

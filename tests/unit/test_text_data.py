@@ -17,13 +17,13 @@ from convoy.data.registry import check_dataset, load_splits
 from convoy.data.text import (
     IGNORE_INDEX,
     PAD_ID,
-    BPETokenizer,
     PackedSequences,
     chunk_text,
     gzip_bits_per_byte,
     read_documents,
     split_documents,
 )
+from convoy.data.tokenizer import BPETokenizer
 from convoy.errors import ConfigError, ConvoyError, DataError
 
 # Sentences with multi-byte characters, so byte counts differ from character counts.

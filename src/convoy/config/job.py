@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -50,6 +50,8 @@ class Job(Section):
 
     @model_validator(mode="after")
     def _check_across_sections(self) -> Job:
+        # Frozen, but still being built: the one place a section is filled from another.
+        object.__setattr__(self, "data", resolve_data(self))
         check_job(self)
         return self
 
@@ -75,6 +77,42 @@ class Job(Section):
         if self.run.storage_dir.startswith("s3://"):
             raise ValueError(f"run.storage_dir: {self.run.storage_dir!r} is not a local path")
         return Path(self.run_uri)
+
+
+TASK_TARGETS = {"language_modeling": "next_token", "classification": "class", "regression": "value"}
+"""``data.target`` of an ``hf_dataset`` for each built-in task."""
+
+
+def resolve_data(job: Job) -> DataConfig:
+    """``job.data`` with what the other sections decide filled in (``convoy config show``
+    prints it): the folder of ``data.tokenizer: model`` (``model.kwargs.path`` of an ``hf``
+    model) and an ``hf_dataset``'s ``data.target`` (from ``task.name``)."""
+    data, filled = job.data, dict[str, Any]()
+    if data.tokenizer == "model" and data.tokenizer_path is None:
+        filled["tokenizer_path"] = model_folder(job)
+    if data.name == "hf_dataset" and data.target is None and job.task.name in TASK_TARGETS:
+        filled["target"] = TASK_TARGETS[job.task.name]
+    return data.model_copy(update=filled) if filled else data
+
+
+def model_folder(job: Job) -> str:
+    """The folder whose tokenizer ``data.tokenizer: model`` reads: an ``hf`` model's
+    ``model.kwargs.path``; a ``ConfigError`` on ``data.tokenizer`` where there is none."""
+    path = job.model.kwargs.get("path") if job.model.name == "hf" else None
+    if isinstance(path, str) and path:
+        return path
+    why = (
+        "the hf model is given by model.kwargs.config, with no folder"
+        if job.model.name == "hf"
+        else f"model.name is {job.model.name!r}"
+    )
+    raise ConfigError(
+        "data.tokenizer",
+        "model",
+        f"reads the tokenizer in the folder of model.name: hf (model.kwargs.path), and {why}; "
+        "set data.tokenizer_path to a folder with tokenizer files, or use data.tokenizer: bpe "
+        "or bytes",
+    )
 
 
 def split_batch(batch: int, world_size: int, accum_steps: int) -> int | None:

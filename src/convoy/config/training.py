@@ -76,21 +76,39 @@ class DataConfig(Section):
     path: str | None = None
     """Directory, file or archive for datasets read from disk (cifar10, imagefolder, parquet,
     numpy; text: a .txt file, a folder of them, or parquet with a text column; series: a
-    folder or s3://bucket/prefix of parquet shards, streamed)."""
+    folder or s3://bucket/prefix of parquet shards, streamed; hf_dataset: a folder written by
+    ``datasets``' save_to_disk, a .parquet file, or a folder of parquet files)."""
     seq_len: Annotated[int, Field(gt=0)] = 128
     """Tokens per training sequence (text): the corpus is packed into sequences this long."""
-    tokenizer: Literal["bpe", "bytes"] = "bpe"
-    """text: 'bpe' trains a byte-level BPE on the training split (tokenizers library);
-    'bytes' uses the 256 UTF-8 byte values (no training, no vocabulary file)."""
+    tokenizer: Literal["bpe", "bytes", "model"] = "bpe"
+    """text, and hf_dataset's text: 'bpe' trains a byte-level BPE on the training split
+    (tokenizers library); 'bytes' uses the 256 UTF-8 byte values (no training, no vocabulary
+    file); 'model' uses the tokenizer saved in a pretrained model's folder
+    (``tokenizer_path``; the hf extra), its whole vocabulary, added tokens included."""
+    tokenizer_path: str | None = None
+    """tokenizer 'model': the folder that holds it (``tokenizer.json``, or the files
+    transformers converts: ``tokenizer.model``, ``vocab.json`` + ``merges.txt``,
+    ``vocab.txt``). Filled from ``model.kwargs.path`` where ``model.name`` is hf."""
     vocab_size: Annotated[int, Field(ge=257)] = 2048
     """text with tokenizer 'bpe': the vocabulary size to train."""
     text_column: str = "text"
-    """text from parquet: the column that holds the documents."""
+    """text from parquet, hf_dataset: the column that holds the documents (for targets
+    'class' and 'value' without ``feature_columns``: the text each row's tokens come from,
+    cut or padded to ``seq_len``)."""
+    target: Literal["next_token", "class", "value"] | None = None
+    """hf_dataset: what a row's target is: 'next_token' (language modeling on
+    ``text_column``), 'class' (``label_column`` as classes: integers, strings or a ClassLabel)
+    or 'value' (``label_column`` as numbers, standardized). Filled from task.name for the
+    built-in tasks; a task of your own names it."""
+    feature_columns: list[str] | None = None
+    """hf_dataset with target 'class' or 'value': the numeric columns (numbers, or lists of
+    numbers of one length) that form each row's features, in order, standardized with the
+    training split's statistics; unset: the row's text (``text_column``) as token ids."""
     series_columns: list[str] | None = None
     """series: the list columns that are the channels, in order (default: series.json's
     channels, else every list column)."""
     label_column: str = "label"
-    """series: the integer label column."""
+    """series: the integer label column; hf_dataset: the classes or values (``target``)."""
     series_len: Annotated[int, Field(gt=0)] | None = None
     """series: the padding rule; every series is padded with zeros or cut to this many steps
     (unset: all series must have one length)."""
@@ -127,6 +145,18 @@ class DataConfig(Section):
     """Training-only augmentation: pad by this many pixels and crop back at a random offset."""
     augment_flip: bool = False
     """Training-only augmentation: flip images horizontally with probability 1/2."""
+
+    @model_validator(mode="after")
+    def _tokenizer_path_needs_model(self) -> DataConfig:
+        """A tokenizer folder is read only by ``tokenizer: model``: refused, not ignored."""
+        if self.tokenizer_path is not None and self.tokenizer != "model":
+            raise ConfigError(
+                "data.tokenizer_path",
+                self.tokenizer_path,
+                f"read only with data.tokenizer: model (got {self.tokenizer!r}); remove it, or "
+                "set data.tokenizer: model",
+            )
+        return self
 
 
 TORCH_DEFAULTS: dict[str, dict[str, Any]] = {

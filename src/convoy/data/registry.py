@@ -13,6 +13,7 @@ from collections.abc import Callable
 from convoy.config import DataConfig
 from convoy.data.base import Splits
 from convoy.data.cifar10 import check_cifar10_path, load_cifar10
+from convoy.data.hf_datasets import check_hf_dataset_path, load_hf_dataset
 from convoy.data.imagefolder import check_imagefolder_path, load_imagefolder
 from convoy.data.parquet import check_parquet_path, load_parquet
 from convoy.data.sensors import load_basicmotions
@@ -20,6 +21,7 @@ from convoy.data.series import check_series_path, load_series
 from convoy.data.sources import check_numpy_path, load_digits, load_numpy, load_synthetic
 from convoy.data.tabular import load_diabetes
 from convoy.data.text_shards import check_corpus_path, load_corpus
+from convoy.data.tokenizer import check_model_tokenizer
 from convoy.data.user import check_data_factory, is_user_data, load_user_data
 from convoy.errors import ConfigError, one_of
 
@@ -34,6 +36,7 @@ DATASETS: dict[str, Callable[[DataConfig], Splits]] = {
     "diabetes": load_diabetes,
     "basicmotions": load_basicmotions,
     "series": load_series,
+    "hf_dataset": load_hf_dataset,
 }
 PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "cifar10": check_cifar10_path,
@@ -42,12 +45,16 @@ PATH_CHECKS: dict[str, Callable[[str | None], object]] = {
     "numpy": check_numpy_path,
     "text": check_corpus_path,
     "series": check_series_path,
+    "hf_dataset": check_hf_dataset_path,
 }
+TOKENIZING = ("text", "hf_dataset")
+"""The sources that read ``data.tokenizer``."""
 
 
 def check_dataset(cfg: DataConfig) -> None:
-    """Fail early on an unknown dataset name, a missing path, or a user factory that does not
-    import or does not take ``data.kwargs`` (the factory itself is not called here)."""
+    """Fail early on an unknown dataset name, a missing path, a model tokenizer's folder
+    without one, or a user factory that does not import or does not take ``data.kwargs``
+    (the factory itself is not called here)."""
     if is_user_data(cfg.name):
         check_data_factory(cfg)
         return
@@ -64,6 +71,8 @@ def check_dataset(cfg: DataConfig) -> None:
     check = PATH_CHECKS.get(cfg.name)
     if check is not None:
         check(cfg.path)
+    if cfg.name in TOKENIZING and cfg.tokenizer == "model":
+        check_model_tokenizer(cfg.tokenizer_path)
 
 
 def load_splits(cfg: DataConfig) -> Splits:

@@ -52,8 +52,8 @@ def regression_splits(
         raise ConfigError("data.test_fraction", cfg.test_fraction, str(exc)) from None
     if cfg.train_size is not None:
         train_idx = train_idx[: cfg.train_size]
-    x_mean, x_std = _mean_std(x[train_idx])
-    y_mean, y_std = _mean_std(y[train_idx])
+    x_mean, x_std = mean_std(x[train_idx])
+    y_mean, y_std = mean_std(y[train_idx])
 
     def dataset(idx: torch.Tensor) -> TensorDataset:
         return TensorDataset((x[idx] - x_mean) / x_std, (y[idx] - y_mean) / y_std)
@@ -67,7 +67,7 @@ def regression_splits(
     return Splits(dataset(train_idx), dataset(val_idx), dataset(test_idx), shape, meta=meta)
 
 
-def _mean_std(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def mean_std(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Mean and population std over the first dimension; a constant column gets std 1."""
     mean, std = values.mean(dim=0), values.std(dim=0, correction=0)
     return mean, torch.where(std > 0, std, torch.ones_like(std))

@@ -10,10 +10,12 @@ Splitting. Documents are shuffled with ``DATA_SEED`` and cut into test, val and 
 their share of the characters (``data.test_fraction``, ``data.val_fraction``); every split
 gets at least one whole document, so no document is seen by two splits.
 
-Tokenizing. ``bpe`` trains a byte-level BPE (HuggingFace ``tokenizers``, the ``text`` extra) on
-the train split only, with ``data.vocab_size``. Training is deterministic (the same merges in
-every process and at any thread count), so every rank builds the same vocabulary without
-communicating, and nothing is cached on disk. ``bytes`` uses the 256 UTF-8 byte values.
+Tokenizing (``convoy.data.tokenizer``). ``bpe`` trains a byte-level BPE (HuggingFace
+``tokenizers``, the ``text`` extra) on the train split only, with ``data.vocab_size``. Training
+is deterministic (the same merges in every process and at any thread count), so every rank
+builds the same vocabulary without communicating, and nothing is cached on disk. ``bytes``
+uses the 256 UTF-8 byte values. ``model`` uses the tokenizer in a pretrained model's folder
+(``data.tokenizer_path``): its whole vocabulary, added tokens included.
 
 Packing. A split's documents, joined by ``"\\n"``, form one token stream. Sequence ``i`` is
 tokens ``[i*T, i*T + T + 1)`` (``T = data.seq_len``): its first ``T`` are the inputs and its
@@ -32,7 +34,7 @@ import hashlib
 import math
 from pathlib import Path
 from pydoc_data.topics import topics
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import torch
@@ -41,15 +43,12 @@ from torch.utils.data import Dataset
 from convoy.config import DataConfig
 from convoy.data.base import Collated, Splits
 from convoy.data.sources import DATA_SEED
-from convoy.errors import ConfigError, ConvoyError, DataError
-from convoy.imports import missing_extra
+from convoy.data.tokenizer import PAD_ID, build_tokenizer, tokenizer_json
+from convoy.errors import ConfigError, DataError
 
 IGNORE_INDEX = -100
-PAD_ID = 0
 CHUNK_CHARS = (2000, 4000)
 """A single .txt file is cut into documents of this many characters (at a blank line if any)."""
-ENCODE_BATCH_DOCS = 1024
-"""Documents per ``encode_batch`` call: bounds the memory of the tokenizer's outputs."""
 EXPECTED = (
     "text reads a .txt file, a folder of .txt files, or a parquet file or folder with a "
     "data.text_column; with no data.path it uses the embedded pydoc topics corpus"
@@ -204,114 +203,6 @@ def _docs_for_share(lengths: np.ndarray, chars: float, most: int) -> int:
     return min(max(1, int((middles < chars).sum())), most)
 
 
-# --- tokenizing -------------------------------------------------------------------------------
-
-
-class TextTokenizer(Protocol):
-    token_bytes: list[int]
-    """The UTF-8 bytes each token id stands for; its length is the vocabulary size."""
-    newline: int
-    """The id of the separator that joins documents."""
-
-    def encode(self, docs: list[str]) -> torch.Tensor:
-        """One int32 token stream of the documents joined by a newline."""
-
-
-class ByteTokenizer:
-    """UTF-8 bytes as tokens (vocabulary 256)."""
-
-    token_bytes = [1] * 256
-    newline = ord("\n")
-
-    def encode(self, docs: list[str]) -> torch.Tensor:
-        data = np.frombuffer("\n".join(docs).encode("utf-8"), dtype=np.uint8)
-        return torch.from_numpy(data.astype(np.int32))
-
-
-def _tokenizers() -> Any:
-    try:
-        import tokenizers  # the text extra
-    except ImportError:
-        raise ConvoyError(
-            missing_extra("data.tokenizer 'bpe'", "tokenizers", "text")
-            + ", or use data.tokenizer: bytes"
-        ) from None
-    return tokenizers
-
-
-class BPETokenizer:
-    """A byte-level BPE trained with HuggingFace ``tokenizers`` (no special tokens)."""
-
-    def __init__(self, train_docs: list[str], vocab_size: int) -> None:
-        """Train on ``train_docs`` (deterministic: the same merges in every process)."""
-        tokenizers = _tokenizers()
-        pre_tokenizers = tokenizers.pre_tokenizers
-        alphabet = pre_tokenizers.ByteLevel.alphabet()
-        tokenizer = tokenizers.Tokenizer(tokenizers.models.BPE())
-        tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tokenizer.decoder = tokenizers.decoders.ByteLevel()  # a saved tokenizer decodes to text
-        trainer = tokenizers.trainers.BpeTrainer(
-            vocab_size=vocab_size,
-            min_frequency=2,
-            show_progress=False,
-            initial_alphabet=alphabet,
-        )
-        tokenizer.train_from_iterator(train_docs, trainer=trainer)
-        if set(byte_level_chars()) != set(alphabet):  # a release that changed the alphabet
-            raise DataError("tokenizers' ByteLevel alphabet is not GPT-2's byte-to-unicode map")
-        self._use(tokenizer)
-
-    @classmethod
-    def from_json(cls, text: str) -> BPETokenizer:
-        """A tokenizer saved with ``to_json``."""
-        self = cls.__new__(cls)
-        self._use(_tokenizers().Tokenizer.from_str(text))
-        return self
-
-    def _use(self, tokenizer: Any) -> None:
-        self.tokenizer = tokenizer
-        to_byte = byte_level_chars()
-        vocab = tokenizer.get_vocab()
-        self.token_strings = [b""] * len(vocab)
-        for token, index in vocab.items():
-            self.token_strings[index] = bytes(to_byte[c] for c in token)
-        self.token_bytes = [len(s) for s in self.token_strings]
-        self.newline = vocab[next(c for c, b in to_byte.items() if b == ord("\n"))]
-
-    def to_json(self) -> str:
-        """The trained tokenizer as ``tokenizers``' JSON (``Tokenizer.from_str`` reads it)."""
-        return str(self.tokenizer.to_str())
-
-    def encode(self, docs: list[str]) -> torch.Tensor:
-        parts: list[np.ndarray] = []
-        separator = np.array([self.newline], dtype=np.int32)
-        for start in range(0, len(docs), ENCODE_BATCH_DOCS):
-            batch = docs[start : start + ENCODE_BATCH_DOCS]
-            for encoding in self.tokenizer.encode_batch_fast(batch, add_special_tokens=False):
-                parts += [separator, np.asarray(encoding.ids, dtype=np.int32)]
-        return torch.from_numpy(np.concatenate(parts[1:]))
-
-
-def byte_level_chars() -> dict[str, int]:
-    """The byte each character of a ByteLevel token stands for: GPT-2's byte-to-unicode map
-    (printable Latin-1 bytes map to themselves, the other 68 to U+0100 onward)."""
-    printable = [
-        *range(ord("!"), ord("~") + 1),
-        *range(ord("¡"), ord("¬") + 1),
-        *range(ord("®"), ord("ÿ") + 1),
-    ]
-    chars = {b: chr(b) for b in printable}
-    for extra, b in enumerate(b for b in range(256) if b not in chars):
-        chars[b] = chr(256 + extra)
-    return {c: b for b, c in chars.items()}
-
-
-def build_tokenizer(cfg: DataConfig, train_docs: list[str]) -> TextTokenizer:
-    if cfg.tokenizer == "bytes":
-        return ByteTokenizer()
-    return BPETokenizer(train_docs, cfg.vocab_size)
-
-
 # --- packing ----------------------------------------------------------------------------------
 
 
@@ -361,10 +252,15 @@ def gzip_bits_per_byte(data: bytes) -> float:
 # --- the source -------------------------------------------------------------------------------
 
 
-def corpus_fingerprint(cfg: DataConfig, splits: tuple[list[str], ...]) -> str:
+def corpus_fingerprint(
+    cfg: DataConfig, splits: tuple[list[str], ...], tokenizer_id: str | None = None
+) -> str:
     """A digest of the split texts and the tokenizer settings: the tokenizer is trained from
-    them, so an export evaluated on other text would be scored with another vocabulary."""
+    them, so an export evaluated on other text would be scored with another vocabulary. A
+    model's tokenizer is not trained here: its JSON (``tokenizer_id``) goes in instead."""
     digest = hashlib.sha256(f"{cfg.tokenizer}/{cfg.vocab_size}/{cfg.seq_len}".encode())
+    if cfg.tokenizer == "model" and tokenizer_id is not None:
+        digest.update(tokenizer_id.encode())
     for split in splits:
         for doc in split:
             digest.update(doc.encode("utf-8"))
@@ -379,6 +275,14 @@ def load_text(cfg: DataConfig) -> Splits:
     test_docs, val_docs, train_docs = split_documents(
         docs, cfg.test_fraction, cfg.val_fraction, cfg.path
     )
+    return packed_splits(cfg, train_docs, val_docs, test_docs)
+
+
+def packed_splits(
+    cfg: DataConfig, train_docs: list[str], val_docs: list[str], test_docs: list[str]
+) -> Splits:
+    """Documents already split, tokenized (``data.tokenizer``, a BPE trained on
+    ``train_docs``) and packed into next-token sequences; the meta of the module docstring."""
     tokenizer = build_tokenizer(cfg, train_docs)
     train_tokens = tokenizer.encode(train_docs)
     if cfg.train_size is not None:  # a cap on training sequences
@@ -396,11 +300,13 @@ def load_text(cfg: DataConfig) -> Splits:
             raise ConfigError(
                 "data.path", cfg.path, f"the {name} split has fewer than 2 tokens; give more text"
             )
+    saved = tokenizer_json(tokenizer)
     meta: dict[str, Any] = {
-        "fingerprint": corpus_fingerprint(cfg, (train_docs, val_docs, test_docs)),
+        "fingerprint": corpus_fingerprint(cfg, (train_docs, val_docs, test_docs), saved),
         "token_bytes": list(tokenizer.token_bytes),
-        # The trained BPE, saved beside the run and its exports (None for raw bytes).
-        "tokenizer_json": tokenizer.to_json() if isinstance(tokenizer, BPETokenizer) else None,
+        # The trained BPE or the model's tokenizer, saved beside the run and its exports (None
+        # for raw bytes).
+        "tokenizer_json": saved,
         "reference_metrics": {
             f"{name}/gzip_bpb": gzip_bits_per_byte("\n".join(split).encode("utf-8"))
             for name, split in (("val", val_docs), ("test", test_docs))

@@ -32,7 +32,7 @@ data.seq_len``; the tail is padded):
 
 Tokenizer. ``bpe`` is trained on the first ``TOKENIZER_SAMPLE_CHARS`` characters of the train
 stream (bounded, the same in every process, and cached like the counts); ``bytes`` needs
-nothing.
+nothing; ``model`` reads the model folder's tokenizer (``convoy.data.tokenizer``).
 """
 
 from __future__ import annotations
@@ -58,15 +58,15 @@ from convoy.data.shards import (
     scan_splits,
     shard_identity,
 )
-from convoy.data.text import (
-    IGNORE_INDEX,
+from convoy.data.text import IGNORE_INDEX, check_text_column, check_text_path, load_text
+from convoy.data.tokenizer import (
     PAD_ID,
     BPETokenizer,
     ByteTokenizer,
+    ModelTokenizer,
     TextTokenizer,
-    check_text_column,
-    check_text_path,
-    load_text,
+    check_model_tokenizer,
+    tokenizer_json,
 )
 from convoy.errors import ConfigError
 from convoy.storage import is_remote
@@ -269,6 +269,8 @@ def train_sample(split: ShardedSplit, chars: int) -> list[str]:
 def build_stream_tokenizer(cfg: DataConfig, train: ShardedSplit, identity: Any) -> TextTokenizer:
     if cfg.tokenizer == "bytes":
         return ByteTokenizer()
+    if cfg.tokenizer == "model":  # read from its folder: nothing to train or cache
+        return ModelTokenizer(check_model_tokenizer(cfg.tokenizer_path))
 
     def train_bpe() -> str:
         sample = train_sample(train, TOKENIZER_SAMPLE_CHARS)
@@ -294,7 +296,7 @@ def load_text_shards(cfg: DataConfig) -> Splits:
     }
     identity = {split: shard_identity(location, s.groups) for split, s in raw.items()}
     tokenizer = build_stream_tokenizer(cfg, raw["train"], identity["train"])
-    tokenizer_id = tokenizer.to_json() if isinstance(tokenizer, BPETokenizer) else "bytes"
+    tokenizer_id = tokenizer_json(tokenizer) or "bytes"
     tokenizer_digest = hashlib.sha256(tokenizer_id.encode()).hexdigest()
     counts = {
         split: cached(
@@ -322,7 +324,7 @@ def load_text_shards(cfg: DataConfig) -> Splits:
                 "data.path", location, f"the {split} split has fewer than 2 tokens; give more text"
             )
     test = "test" if "test" in packed else "val"
-    meta = _corpus_meta(cfg, tokenizer, tokenizer_id, tokenizer_digest, counts, test)
+    meta = _corpus_meta(cfg, tokenizer, tokenizer_digest, counts, test)
     shape = {"vocab_size": len(tokenizer.token_bytes), "seq_len": cfg.seq_len}
     return Splits(packed["train"], packed["val"], packed[test], shape, meta=meta)
 
@@ -330,7 +332,6 @@ def load_text_shards(cfg: DataConfig) -> Splits:
 def _corpus_meta(
     cfg: DataConfig,
     tokenizer: TextTokenizer,
-    tokenizer_id: str,
     tokenizer_digest: str,
     counts: dict[str, dict[str, Any]],
     test: str,
@@ -345,7 +346,7 @@ def _corpus_meta(
     return {
         "fingerprint": fingerprint.hexdigest()[:16],
         "token_bytes": list(tokenizer.token_bytes),
-        "tokenizer_json": tokenizer_id if isinstance(tokenizer, BPETokenizer) else None,
+        "tokenizer_json": tokenizer_json(tokenizer),
         "reference_metrics": {
             f"{name}/gzip_bpb": 8 * counts[split]["gzip_bytes"] / counts[split]["text_bytes"]
             for name, split in (("val", "val"), ("test", test))
