@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 import convoy
 from convoy.config import load_job
-from convoy.data.text import BPETokenizer
+from convoy.data.tokenizer import BPETokenizer
 from convoy.export import MODEL_FILE, WEIGHTS_FILE, evaluate_exported
 from convoy.export.consolidate import consolidated_model, read_checkpoint
 from convoy.outputs import TOKENIZER_FILE

@@ -260,7 +260,8 @@ def test_classes_from_text_tokenized_by_the_model(folders: dict[str, Path]) -> N
     cfg = model_cfg(folders["llama"], name="hf_dataset", path=str(folders["rows"]),
                     target="class", seq_len=12)  # fmt: skip
     splits = load_splits(cfg)
-    assert splits.shape == {"vocab_size": 320, "seq_len": 12, "num_classes": 2}
+    shape = {"vocab_size": 320, "seq_len": 12, "num_classes": 2, "pad_token_id": 0}
+    assert splits.shape == shape
     tokenizer = ModelTokenizer(folders["llama"])
     rows = labelled_rows()
     inputs, labels = splits.train[0]

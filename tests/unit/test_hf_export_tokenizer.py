@@ -8,7 +8,7 @@ from pydoc_data.topics import topics
 import pytest
 
 from convoy.config import load_job
-from convoy.data.text import BPETokenizer
+from convoy.data.tokenizer import BPETokenizer
 from convoy.export.consolidate import SavedCheckpoint
 from convoy.export.to_hf import write_tokenizer
 from convoy.outputs import TOKENIZER_FILE

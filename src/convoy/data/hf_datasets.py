@@ -240,7 +240,9 @@ def _inputs(
         "tokenizer_json": saved,
         "pad_id": tokenizer.pad_id,
     }
-    return rows, {"vocab_size": len(tokenizer.token_bytes), "seq_len": cfg.seq_len}, meta
+    # pad_token_id: a classification model reads the last real token and masks the padding by it.
+    shape = {"vocab_size": len(tokenizer.token_bytes), "seq_len": cfg.seq_len}
+    return rows, shape | {"pad_token_id": tokenizer.pad_id}, meta
 
 
 def _texts(table: Any, column: str) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 from torch import nn
 
 from convoy.config import Job
-from convoy.data.text import byte_level_chars
+from convoy.data.tokenizer import byte_level_chars
 from convoy.errors import ConvoyError
 from convoy.export.consolidate import (
     SavedCheckpoint,

@@ -62,6 +62,7 @@ def hf(
     num_outputs: int | None = None,
     in_channels: int | None = None,
     image_size: int | None = None,
+    pad_token_id: int | None = None,
 ) -> HuggingFaceModel:
     """A ``transformers`` model from a local folder (``path``) or a config dict (``config``)
     with the head the data needs; data-shaped arguments come from the dataset. Weights in the
@@ -79,6 +80,8 @@ def hf(
     fit_config(hf_config, head, keeps_vocab, vocab_size, num_classes, num_outputs, in_channels)
     if head == "image_classification" and path is None and image_size is not None:
         hf_config.image_size = image_size
+    if head != "causal_lm" and pad_token_id is not None:
+        hf_config.pad_token_id = pad_token_id  # what the data pads token rows with
     model = build_hf_model(hf_config, head, path)
     return HuggingFaceModel(model, head, block_class)
 
@@ -179,8 +182,8 @@ def fit_config(
                 field,
                 config.name_or_path or config.vocab_size,
                 f"the model's vocabulary has {config.vocab_size} tokens and the data's "
-                f"tokenizer {vocab_size}: use the model's own (data.tokenizer: model) or a "
-                "tokenizer whose vocabulary fits",
+                f"tokenizer {vocab_size}: tokenize with one whose ids fit (the model's own "
+                "folder, data.tokenizer: model, unless tokens were added to it)",
             )
     if head in ("sequence_classification", "image_classification") and num_classes:
         config.num_labels = num_classes
@@ -257,9 +260,11 @@ class HuggingFaceModel(nn.Module):
         """Logits: ``(B, T, vocab)`` for a causal LM, ``(B, labels)`` for the others."""
         if self.images:
             return self.model(pixel_values=inputs).logits
-        if self.head_kind == "causal_lm":
+        if self.head_kind == "causal_lm":  # packed sequences: no padding to mask
             return self.model(input_ids=inputs, use_cache=False).logits
-        return self.model(input_ids=inputs).logits
+        pad = self.config.pad_token_id
+        mask = None if pad is None else inputs.ne(pad).long()  # padded rows of token ids
+        return self.model(input_ids=inputs, attention_mask=mask).logits
 
     def tensor_parallel_plan(self, tp_size: int) -> dict[str, Any]:
         """The config's ``base_model_tp_plan`` under this module's paths, as torch's styles;
