@@ -155,3 +155,22 @@ def test_models_of_a_few_kib_within_ten_percent(
             rows = check_layouts(job, [strategy], [size], planner)
         ratio = rows[0].ratio
         assert ratio is not None and 0.9 <= ratio <= 1.1, f"{recipe}\n{format_check(rows)}"
+
+
+def test_a_hugging_face_model_is_planned_and_checked() -> None:
+    """A Llama-shaped ``hf`` model: its decoder layers are fsdp2's units and its plan is
+    ``transformers``' own; the trackers agree within 10%, state exactly."""
+    pytest.importorskip("transformers")
+    from hf_helpers import LLAMA_TINY, hf_overrides
+
+    job = load_job(
+        "recipes/lm_llama_hf.yaml",
+        ["model.kwargs={}", *hf_overrides(LLAMA_TINY), "data.batch_size=16", "data.seq_len=64"],
+    )
+    with quiet_warnings():
+        rows = check_layouts(job, ["ddp", "fsdp2"], [2, 4], Planner(job), [1, 2])
+    names = {f"{row.layout.name} x {row.layout.world_size}" for row in rows}
+    assert {"ddp x 2", "fsdp2 x 2", "fsdp2+tp2 x 4"} <= names, format_check(rows)
+    for row in rows:
+        assert row.model_state_exact(), format_check(rows)
+        assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
