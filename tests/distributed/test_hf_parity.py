@@ -2,9 +2,9 @@
 
 A Llama-shaped model (grouped-query attention, RMSNorm, rotary) and a GPT-2-shaped one (tied
 head, fused qkv), both built by ``transformers`` from a config, train on the bundled text
-(byte tokens). ``single`` on the global batch == ``ddp`` / ``fsdp2`` on 2 ranks == ``hsdp``
-2 x 2 == ``fsdp2`` + tensor parallel 2 (Llama: ``transformers``' own plan; GPT-2 has none and
-is refused in one line, see tests/unit/test_hf_model.py). Activation checkpointing and
+(byte tokens). ``single`` on the global batch == ``ddp`` / ``fsdp2`` on 2 ranks (Llama:
+``fsdp`` too) == ``hsdp`` 2 x 2 == ``fsdp2`` + tensor parallel 2 (Llama: ``transformers``' own
+plan; GPT-2 has none and is refused in one line, see tests/unit/test_hf_model.py). Activation checkpointing and
 ``run.compile`` per block leave the losses unchanged, and resume is bitwise.
 """
 
@@ -71,6 +71,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
     [
         ("llama", "ddp", 2, ()),
         ("llama", "fsdp2", 2, ()),
+        ("llama", "fsdp", 2, ()),
         ("llama", "hsdp", 4, ("strategy.shard_size=2",)),
         ("llama", "fsdp2", 4, ("strategy.tp_size=2",)),
         ("gpt2", "ddp", 2, ()),
