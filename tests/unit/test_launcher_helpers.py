@@ -51,6 +51,24 @@ def test_resolve_run_makes_storage_absolute_and_names_the_run(
     assert named.run.name == "exp1"
 
 
+def test_resolve_run_makes_the_recipes_local_paths_absolute(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray's workers run in another directory: the driver fixes where the files are."""
+    monkeypatch.chdir(tmp_path)
+    hf = ["model.name=hf", "model.kwargs={path: models/llama}", "task.name=language_modeling"]
+    text = ["data.name=text", "data.path=corpus.txt", "data.tokenizer=model"]
+    job = resolve_run(load_job(None, [*hf, *text]))
+    folder = str(tmp_path / "models" / "llama")
+    assert (job.model.kwargs["path"], job.data.tokenizer_path) == (folder, folder)
+    assert job.data.path == str(tmp_path / "corpus.txt")
+    remote = resolve_run(load_job(None, ["data.name=series", "data.path=s3://bucket/fleet"]))
+    assert remote.data.path == "s3://bucket/fleet"
+    # Another model's own keyword named path is its own business.
+    user = resolve_run(load_job(None, ["model.name=pkg.models:net", "model.kwargs={path: x}"]))
+    assert user.model.kwargs["path"] == "x"
+
+
 def test_unnamed_runs_in_the_same_second_get_different_directories() -> None:
     job = load_job(None, ["model.name=pkg.models:tiny_net"])
     names = {resolve_run(job).run.name for _ in range(20)}

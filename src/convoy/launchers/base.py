@@ -141,7 +141,29 @@ def resolve_run(job: Job) -> Job:
         model, data = (re.sub(r"[^A-Za-z0-9_]+", "_", name.rpartition(":")[2]) for name in named)
         stamp = time.strftime("%Y%m%d-%H%M%S")
         updates["name"] = f"{model}-{data}-{job.strategy.name}-{stamp}-{secrets.token_hex(3)}"
-    return job.model_copy(update={"run": job.run.model_copy(update=updates)})
+    return with_absolute_paths(job.model_copy(update={"run": job.run.model_copy(update=updates)}))
+
+
+def with_absolute_paths(job: Job) -> Job:
+    """``job`` with the recipe's relative local paths made absolute against the directory
+    the command runs in: ``data.path``, ``data.tokenizer_path`` and an ``hf`` model's
+    ``model.kwargs.path``. Ray's workers run in another directory."""
+
+    def absolute(value: Any) -> Any:
+        if not isinstance(value, str) or not value or is_remote(value):
+            return value
+        return str(Path(value).expanduser().absolute())
+
+    data = {key: absolute(getattr(job.data, key)) for key in ("path", "tokenizer_path")}
+    kwargs = dict(job.model.kwargs)
+    if job.model.name == "hf" and "path" in kwargs:
+        kwargs["path"] = absolute(kwargs["path"])
+    return job.model_copy(
+        update={
+            "data": job.data.model_copy(update=data),
+            "model": job.model.model_copy(update={"kwargs": kwargs}),
+        }
+    )
 
 
 def check_run_location(job: Job) -> None:
