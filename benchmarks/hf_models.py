@@ -45,7 +45,13 @@ DIGITS = {"vit_tiny": "default.yaml", "hf vit": "digits_vit_hf.yaml"}
 def train(recipe: str, extra: list[str], storage: Path, name: str) -> dict:
     job = load_job(
         REPO / "recipes" / recipe,
-        [*extra, *ONE_PROCESS, "run.progress=off", f"run.storage_dir={storage}", f"run.name={name}"],
+        [
+            *extra,
+            *ONE_PROCESS,
+            "run.progress=off",
+            f"run.storage_dir={storage}",
+            f"run.name={name}",
+        ],
     )
     result = convoy.train(job)
     return result.summary | {"params": parameters(job)}
@@ -67,7 +73,9 @@ def throughput_rows(storage: Path, steps: int, repeats: int) -> list[str]:
         for model in LM if index % 2 == 0 else reversed(list(LM)):
             recipe, extra = LM[model]
             limit = [*extra, f"run.max_steps={steps}", "run.log_every_steps=1"]
-            runs[model].append(train(recipe, limit, storage, f"lm-{model.replace(' ', '-')}-{index}"))
+            runs[model].append(
+                train(recipe, limit, storage, f"lm-{model.replace(' ', '-')}-{index}")
+            )
     # Each run's median step, then the median over the repeats; tokens/s from that step.
     tokens = 32 * 128
     base = tokens / statistics.median(r["step_seconds_median"] for r in runs["gpt_tiny"])
@@ -85,7 +93,9 @@ def throughput_rows(storage: Path, steps: int, repeats: int) -> list[str]:
 def accuracy_rows(storage: Path, epochs: int) -> list[str]:
     rows = []
     for model, recipe in DIGITS.items():
-        summary = train(recipe, [f"run.epochs={epochs}"], storage, f"digits-{model.replace(' ', '-')}")
+        summary = train(
+            recipe, [f"run.epochs={epochs}"], storage, f"digits-{model.replace(' ', '-')}"
+        )
         metrics = summary["metrics"]
         rows.append(
             f"| {model} | {summary['params'] / 1e6:.3f} M | {metrics['test/acc']:.4f} | "
