@@ -105,7 +105,8 @@ def write_tokenizer(saved: SavedCheckpoint, out_dir: Path) -> str | None:
     if data.tokenizer == "bytes" and saved.meta["data_shape"].get("vocab_size") == 256:
         save_fast_tokenizer(byte_tokenizer_json(), out_dir)
         return "bytes"
-    folder = saved.job.model.kwargs.get("path")
+    # The tokenizer the data read (data.tokenizer: model), else the model folder's own.
+    folder = data.tokenizer_path or saved.job.model.kwargs.get("path")
     if folder and copy_tokenizer_files(Path(folder), out_dir):
         return "model"
     return None
