@@ -54,7 +54,14 @@ def train(recipe: str, extra: list[str], storage: Path, name: str) -> dict:
         ],
     )
     result = convoy.train(job)
-    return result.summary | {"params": parameters(job)}
+    if recipe not in PARAMETERS:  # once per model: counting loads the data again
+        PARAMETERS[recipe] = parameters(job)
+    tokens = job.data.batch_size * job.data.seq_len  # a step's tokens (text)
+    return result.summary | {"params": PARAMETERS[recipe], "tokens_per_step": tokens}
+
+
+PARAMETERS: dict[str, int] = {}
+"""Each recipe's parameter count (the model on the meta device)."""
 
 
 def parameters(job) -> int:  # type: ignore[no-untyped-def]
@@ -76,13 +83,16 @@ def throughput_rows(storage: Path, steps: int, repeats: int) -> list[str]:
             runs[model].append(
                 train(recipe, limit, storage, f"lm-{model.replace(' ', '-')}-{index}")
             )
+
     # Each run's median step, then the median over the repeats; tokens/s from that step.
-    tokens = 32 * 128
-    base = tokens / statistics.median(r["step_seconds_median"] for r in runs["gpt_tiny"])
+    def steady(results: list[dict]) -> tuple[float, float]:
+        step = statistics.median(r["step_seconds_median"] for r in results)
+        return step, results[0]["tokens_per_step"] / step
+
+    base = steady(runs["gpt_tiny"])[1]
     rows = []
     for model, results in runs.items():
-        step = statistics.median(r["step_seconds_median"] for r in results)
-        rate = tokens / step
+        step, rate = steady(results)
         rows.append(
             f"| {model} | {results[0]['params'] / 1e6:.2f} M | {1000 * step:.1f} | "
             f"{rate:,.0f} | {rate / base:.3f} |"

@@ -1,5 +1,6 @@
-"""Tiny Hugging Face folders built offline: a byte-level BPE tokenizer, a Llama saved with it,
-and datasets saved with ``datasets``. Nothing is downloaded; each builder takes well under a
+"""Tiny Hugging Face models and folders built offline: configs of a Llama- and a GPT-2-shaped
+model, a model factory a recipe names by import path, a byte-level BPE tokenizer, a Llama
+saved with it, and datasets saved with ``datasets``. Nothing is downloaded; each builder takes well under a
 second once ``transformers`` (or ``datasets``) is imported.
 
 Callers skip without the ``hf`` extra (``pytest.importorskip("transformers")``); the imports
@@ -13,6 +14,46 @@ from pydoc_data.topics import topics
 from typing import Any
 
 import torch
+
+from convoy.models.huggingface import HuggingFaceModel, hf
+
+LLAMA_TINY = {
+    # Llama's shape at toy size: grouped-query attention (4 heads, 2 key/value heads), RMSNorm,
+    # rotary positions, a SwiGLU MLP; the vocabulary comes from the data.
+    "model_type": "llama",
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 64,
+}
+GPT2_TINY = {
+    # GPT-2's shape: learned positions, LayerNorm, a fused qkv Conv1D, the head tied to the
+    # token embedding. Dropout off: ranks draw other masks than one process does.
+    "model_type": "gpt2",
+    "n_embd": 32,
+    "n_layer": 2,
+    "n_head": 2,
+    "n_positions": 64,
+    "resid_pdrop": 0.0,
+    "embd_pdrop": 0.0,
+    "attn_pdrop": 0.0,
+}
+
+
+def hf_overrides(config: dict[str, object]) -> list[str]:
+    """``-o`` overrides that make ``model`` the hf model of ``config``."""
+    return ["model.name=hf", *(f"model.kwargs.config.{k}={v}" for k, v in config.items())]
+
+
+def llama_without_units(vocab_size: int = 256) -> HuggingFaceModel:
+    """A Llama whose class does not say which layers never split (``_no_split_modules``),
+    as some models on the Hub do not."""
+    model = hf(config=LLAMA_TINY, vocab_size=vocab_size).model
+    model._no_split_modules = None
+    return HuggingFaceModel(model, "causal_lm")
+
 
 SPECIAL = "<|endoftext|>"
 """The tokenizer's one special token (id 0): its BOS, EOS and pad, as GPT-2's."""

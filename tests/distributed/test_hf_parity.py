@@ -21,7 +21,7 @@ from convoy.distributed import WorkerContext
 from convoy.engine.loop import train
 from convoy.outputs import read_metrics
 from convoy.testing import parity_overrides, run_on_gloo, train_on_rank
-from hf_helpers import GPT2_TINY, LLAMA_TINY, hf_overrides
+from hf_fixtures import GPT2_TINY, LLAMA_TINY, hf_overrides
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.distributed

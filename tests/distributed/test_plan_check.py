@@ -161,7 +161,7 @@ def test_a_hugging_face_model_is_planned_and_checked() -> None:
     """A Llama-shaped ``hf`` model: its decoder layers are fsdp2's units and its plan is
     ``transformers``' own; the trackers agree within 10%, state exactly."""
     pytest.importorskip("transformers")
-    from hf_helpers import LLAMA_TINY, hf_overrides
+    from hf_fixtures import LLAMA_TINY, hf_overrides
 
     job = load_job(
         "recipes/lm_llama_hf.yaml",

@@ -12,7 +12,7 @@ from convoy.config import load_job
 from convoy.errors import ConfigError
 from convoy.models.registry import build_model
 from convoy.preflight import preflight
-from hf_helpers import GPT2_TINY, LLAMA_TINY, hf_overrides
+from hf_fixtures import GPT2_TINY, LLAMA_TINY, hf_overrides
 
 transformers = pytest.importorskip("transformers")
 
@@ -68,14 +68,14 @@ def test_tensor_parallel_on_a_model_without_a_plan_is_refused() -> None:
 
 
 def test_sharding_a_model_whose_blocks_are_not_found_names_block_class() -> None:
-    unmarked = ["model.name=hf_test_models:llama_without_units", "model.kwargs={}"]
+    unmarked = ["model.name=hf_fixtures:llama_without_units", "model.kwargs={}"]
     checked(*unmarked)  # ddp: no units needed
     message = refusal(*unmarked, "strategy.name=fsdp2")
     assert message.startswith("model.kwargs.block_class: got None; fsdp2 works per block")
     assert "LlamaDecoderLayer" in message
     message = refusal(*unmarked, "strategy.activation_checkpointing=full")
     assert "activation checkpointing works per block" in message
-    found = ["model.name=hf", *(f"model.kwargs.config.{k}={v}" for k, v in LLAMA_TINY.items())]
+    found = hf_overrides(LLAMA_TINY)
     checked(*found, "model.kwargs.block_class=LlamaDecoderLayer", "strategy.name=fsdp2")
     message = refusal(*found, "model.kwargs.block_class=LlamaLayer")
     assert message.startswith("model.kwargs.block_class: got 'LlamaLayer'; no layer")
@@ -109,3 +109,19 @@ def test_heads_follow_the_data() -> None:
     assert regression.config.problem_type == "regression"
     assert regression(torch.randint(0, 50, (4, 6))).shape == (4, 1)
     assert [type(b).__name__ for b in regression.blocks] == ["BertLayer"] * 2
+
+
+def test_the_models_arguments_are_checked_in_one_line() -> None:
+    with pytest.raises(ConfigError, match=r"^model.kwargs: got .*; give one of path or config$"):
+        build_model("hf", {}, {"vocab_size": 300})
+    with pytest.raises(ConfigError, match=r"^model.kwargs.config: got .*; needs model_type"):
+        build_model("hf", {"config": {"hidden_size": 32}}, {"vocab_size": 300})
+    with pytest.raises(ConfigError, match=r"^model.kwargs.head: got 'seq2seq'; allowed: "):
+        build_model("hf", {"config": LLAMA_TINY, "head": "seq2seq"}, {"vocab_size": 300})
+
+
+def test_a_plan_with_styles_convoy_does_not_apply_is_refused() -> None:
+    model = build_model("hf", {"config": LLAMA_TINY}, {"vocab_size": 300})
+    model.config.base_model_tp_plan = {"layers.*.self_attn.q_proj": "colwise_rep"}
+    with pytest.raises(ValueError, match="base_model_tp_plan uses colwise_rep; Convoy applies"):
+        model.tensor_parallel_plan(2)

@@ -25,6 +25,7 @@ module pattern), where ``transformers`` has one.
 from __future__ import annotations
 
 import difflib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -120,8 +121,6 @@ def load_config(path: str | None, config: dict[str, Any] | None) -> Any:
 
 
 def _read_model_type(config_file: Path) -> Any:
-    import json
-
     try:
         return json.loads(config_file.read_text()).get("model_type")
     except (ValueError, AttributeError) as exc:
