@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
 import torch
 from torch import nn
 from torch.utils.data import Subset, TensorDataset
-from torchmetrics import Metric
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
 
 Mode = Literal["min", "max"]
 
@@ -78,6 +80,12 @@ class Task(ABC):
         """torchmetrics updated with ``metric_inputs(outputs, targets)`` (loss is built in)."""
         return {}
 
+    def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
+        """The keys ``metrics`` returns on this data, asked where no metric is updated (the
+        driver's checks). The default builds them; a task whose names are known without
+        torchmetrics says them, so the driver need not import it."""
+        return set(self.metrics(shape, meta))
+
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
         """What the task's metrics are updated with: ``(predictions, targets)``."""
         return outputs.detach().float(), targets
@@ -99,7 +107,7 @@ class Task(ABC):
     def reported(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
         """The metric names a split reports on this data (``top5`` needs > 5 classes, ``bpb``
         needs the tokenizer's bytes per token)."""
-        names = {"loss", "samples", self.count_name, *self.metrics(shape, meta)}
+        names = {"loss", "samples", self.count_name, *self.metric_names(shape, meta)}
         placeholder = dict.fromkeys(names, 1.0)
         return names | set(self.derived(placeholder))
 

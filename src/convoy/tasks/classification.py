@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
-from torchmetrics import Metric
-from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
 
 from convoy.tasks.base import Mode, Task, targets_of
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
 
 # Labels checked before training (all of them where they are held apart from the inputs).
 TARGETS_CHECKED = 1_000_000
@@ -35,7 +36,14 @@ class Classification(Task):
     def count(self, targets: torch.Tensor) -> torch.Tensor:
         return torch.tensor(len(targets))  # on the host: see ``Task.count``
 
+    def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
+        return {"acc", "f1", "top5"} if shape["num_classes"] > 5 else {"acc", "f1"}
+
     def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
+        # Imported where metrics are built (the workers), not where the task is only checked
+        # (the driver, `convoy config` / `plan`): torchmetrics costs seconds of CPU a process.
+        from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
+
         num_classes = shape["num_classes"]
         metrics: dict[str, Metric] = {
             "acc": MulticlassAccuracy(num_classes, average="micro"),

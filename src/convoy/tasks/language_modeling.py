@@ -13,41 +13,21 @@ per byte of the text the targets cover, comparable across tokenizers and with co
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torchmetrics import Metric
 
 from convoy.tasks.base import Mode, Task, inner_model, perplexity
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
 
 IGNORE_INDEX = -100
 TOKENS_CHECKED = 100_000
 """Sequences whose token ids are checked against the vocabulary before training (all of a
 packed text stream)."""
-
-
-class TargetBytes(Metric):
-    """UTF-8 bytes covered by the real target tokens, summed over every rank."""
-
-    full_state_update = False
-    total: torch.Tensor
-    token_bytes: torch.Tensor
-
-    def __init__(self, token_bytes: list[int], ignore_index: int = IGNORE_INDEX) -> None:
-        super().__init__()
-        self.ignore_index = ignore_index
-        self.register_buffer("token_bytes", torch.tensor(token_bytes, dtype=torch.long))
-        self.add_state("total", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
-
-    def update(self, logits: torch.Tensor | None, targets: torch.Tensor) -> None:
-        # A mask, not ``targets[mask]``: boolean indexing waits for the device (its size).
-        real = targets != self.ignore_index
-        self.total += (self.token_bytes[torch.where(real, targets, 0)] * real).sum()
-
-    def compute(self) -> torch.Tensor:
-        return self.total
 
 
 class LanguageModeling(Task):
@@ -85,9 +65,16 @@ class LanguageModeling(Task):
     def count(self, targets: torch.Tensor) -> torch.Tensor:
         return (targets != self.ignore_index).sum()
 
+    def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
+        return {"bytes"} if "token_bytes" in meta else set()
+
     def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
         if "token_bytes" not in meta:
             return {}
+        # torchmetrics is imported where metrics are built (the workers), not where the task
+        # is only checked (the driver, `convoy config` / `plan`): ~2-4 s of CPU a process.
+        from convoy.tasks.token_bytes import TargetBytes
+
         return {"bytes": TargetBytes(meta["token_bytes"], self.ignore_index)}
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torchmetrics import Metric
-from torchmetrics.regression import MeanAbsoluteError, R2Score
 
 from convoy.tasks.base import Mode, Task, targets_of
+
+if TYPE_CHECKING:
+    from torchmetrics import Metric
 
 # Items checked for non-finite targets before training; larger splits are checked up to this.
 TARGETS_CHECKED = 200_000
@@ -36,7 +37,14 @@ class Regression(Task):
     def count(self, targets: torch.Tensor) -> torch.Tensor:
         return torch.tensor(targets.numel())  # on the host: see ``Task.count``
 
+    def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
+        return {"mae", "r2"}
+
     def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
+        # Imported where metrics are built (the workers), not where the task is only checked
+        # (the driver, `convoy config` / `plan`): torchmetrics costs seconds of CPU a process.
+        from torchmetrics.regression import MeanAbsoluteError, R2Score
+
         # R2Score averages over outputs (uniform_average) when targets have several columns.
         return {"mae": MeanAbsoluteError(), "r2": R2Score()}
 
