@@ -26,13 +26,17 @@ RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 NEW_VENV := (test -x $(PY) || $(PYTHON) -m venv $(VENV)) && $(PY) -m pip install --quiet --upgrade pip
 PIP_INSTALL := $(PY) -m pip install --quiet -c constraints.txt -e
+# An editable install leaves the package's own bytecode to be written on first import, which
+# PYTHONDONTWRITEBYTECODE (set on CI) forbids: then every process (each worker, each Ray actor)
+# compiles Convoy's sources again. Written once here, as pip does for a wheel.
+COMPILE_SOURCES := $(PY) -m compileall -q src
 # The full install is current (a .venv made by `make test` before `make run` had a stamp).
 FULL_CURRENT := [ $(STAMP) -nt pyproject.toml ] && [ $(STAMP) -nt constraints.txt ]
 
 install-run: $(RUN_STAMP)
 
 $(RUN_STAMP): pyproject.toml constraints.txt
-	@$(FULL_CURRENT) || { set -x; $(NEW_VENV) && $(PIP_INSTALL) ".[$(RUN_EXTRAS)]"; }
+	@$(FULL_CURRENT) || { set -x; $(NEW_VENV) && $(PIP_INSTALL) ".[$(RUN_EXTRAS)]" && $(COMPILE_SOURCES); }
 	@touch $(RUN_STAMP)
 
 install: $(STAMP)
@@ -40,6 +44,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml constraints.txt
 	$(NEW_VENV)
 	$(PIP_INSTALL) ".[$(DEV_EXTRAS)]"
+	$(COMPILE_SOURCES)
 	touch $(STAMP) $(RUN_STAMP)
 
 ## dev: install every extra (tests, lint, plots, tracking, Lightning, Optuna, k8s, text, sensors, hf)
