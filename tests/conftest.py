@@ -70,10 +70,19 @@ def tier_rank(nodeid: str) -> int:
     return TIER_ORDER.index(tier) if tier in TIER_ORDER else len(TIER_ORDER)
 
 
+def module_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Dearest tier first, each module's tests together and in their own order (a stable
-    sort), so that workers given whole modules take the long ones first."""
-    items.sort(key=lambda item: tier_rank(item.nodeid))
+    sort), so that workers given whole modules take the long ones first; within a tier, the
+    modules that use the session's Ray before the others, so that it runs once per worker
+    and is stopped once they are done (``pytest_runtest_teardown``)."""
+    SESSION_RAY.modules = {module_of(item) for item in items if RAY_FIXTURE in item.fixturenames}
+    items.sort(
+        key=lambda item: (tier_rank(item.nodeid), module_of(item) not in SESSION_RAY.modules)
+    )
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -107,25 +116,75 @@ def s3():
     server.stop()
 
 
+RAY_FIXTURE = "ray_session"
+
+
+class SessionRay:
+    """The embedded Ray of one pytest process, up only while its modules run: idle, it costs
+    3-6 CPU-s a minute (GCS, raylet, the dashboard and its agent), which over the modules
+    that follow the last Ray test was minutes of a 2-core suite. Stopped after the last test
+    of a module that uses it when the next test's module does not; started again by the next
+    test that needs it."""
+
+    def __init__(self) -> None:
+        self.modules: set[str] = set()  # the modules whose tests use it (collection)
+        self.running = False
+        self.stopped_early = False
+
+    def start(self) -> None:
+        """Started as the launcher starts its private one, with the dashboard's state API (as
+        ``convoy tune`` does) and metrics (the monitoring test reads the workers' Prometheus
+        metrics); train workers take fractional CPUs."""
+        import ray
+
+        from convoy.config import RayLauncherConfig
+        from convoy.launchers.ray import RayCluster, ensure_ray
+
+        ensure_ray(
+            ray,
+            RayCluster(address=None),
+            resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
+            settings=RayLauncherConfig(),
+            state_api=True,
+            metrics=True,
+        )
+        self.running, self.stopped_early = True, False
+
+    def stop(self, early: bool = False) -> None:
+        if self.running:
+            import ray
+
+            ray.shutdown()
+            self.running, self.stopped_early = False, early
+
+
+SESSION_RAY = SessionRay()
+
+
 @pytest.fixture(scope="session")
 def ray_session(s3):
-    """One embedded Ray for the whole session, started as the launcher starts its private one
-    (with the dashboard's state API, as ``convoy tune`` does); train workers take fractional
-    CPUs."""
+    """One embedded Ray for the session's Ray tests (``SessionRay``); ``s3`` first, so that
+    Ray's workers inherit its endpoint."""
     ray = pytest.importorskip("ray")
-    from convoy.config import RayLauncherConfig
-    from convoy.launchers.ray import RayCluster, ensure_ray
-
-    ensure_ray(
-        ray,
-        RayCluster(address=None),
-        resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
-        settings=RayLauncherConfig(),
-        state_api=True,
-        metrics=True,  # the monitoring test reads the workers' Prometheus metrics
-    )
+    SESSION_RAY.start()
     yield ray
-    ray.shutdown()
+    SESSION_RAY.stop()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """The session's Ray again, before the fixtures of a test that needs it, where it was
+    stopped after an earlier module."""
+    if SESSION_RAY.stopped_early and RAY_FIXTURE in item.fixturenames:
+        SESSION_RAY.start()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> None:
+    """After a test's module fixtures are torn down: stop the session's Ray when the next
+    test (on this worker) is in a module that does not use it."""
+    if nextitem is None or module_of(nextitem) not in SESSION_RAY.modules:
+        SESSION_RAY.stop(early=nextitem is not None)
 
 
 @pytest.fixture
