@@ -20,6 +20,10 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray 2.60 enables token auth by default; tests run an embedded Ray without it.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 
+# Inductor compiles in a pool of subprocesses (one per core), each importing torch: on 2 cores
+# that costs each compiling process (a test, a gloo rank) more CPU than it saves.
+os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
+
 # Counts and tokenizers of streamed text go to a cache of this session only (workers inherit it).
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="convoy-test-cache-"))
 os.environ["CONVOY_CACHE_DIR"] = str(TEST_CACHE)
