@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -76,15 +77,24 @@ def test_torchrun_two_workers(tmp_path: Path) -> None:
     assert_trained(convoy.train(job), 2)
 
 
+RAY_ARGS = ("scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5")
+
+
+@pytest.fixture(scope="module")
+def ray_run(ray_session, tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """The recipe on Ray with 2 workers, its storage_dir relative as in make run (Ray's workers
+    run in another working directory): the folder it ran in and its result. The resume test
+    continues a copy of it."""
+    folder = tmp_path_factory.mktemp("ray")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(folder)
+        return folder, convoy.train(recipe_job(Path("runs"), *RAY_ARGS))
+
+
 @pytest.mark.ray
-def test_ray_two_workers(tmp_path: Path, ray_session, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    # A relative storage_dir, as in make run: Ray's workers run in another working directory.
-    monkeypatch.chdir(tmp_path)
-    job = recipe_job(
-        Path("runs"), "scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5"
-    )
-    result = convoy.train(job)
-    assert result.run_dir.parent == tmp_path / "runs"
+def test_ray_two_workers(ray_run) -> None:  # type: ignore[no-untyped-def]
+    folder, result = ray_run
+    assert result.run_dir.parent == folder / "runs"
     assert_trained(result, 2)
 
 
@@ -100,13 +110,14 @@ def test_ray_refuses_what_the_cluster_can_never_place(tmp_path: Path, ray_sessio
 
 
 @pytest.mark.ray
-def test_ray_run_with_the_same_name_resumes(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
-    """Running a finished run's name again with more epochs continues from its checkpoint."""
-    ray_args = ("scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5")
-    first = convoy.train(recipe_job(tmp_path, *ray_args, "run.name=extend"))
+def test_ray_run_with_the_same_name_resumes(tmp_path: Path, ray_run) -> None:  # type: ignore[no-untyped-def]
+    """Running a finished run's name again with more epochs continues from its checkpoint
+    (the finished run: a copy of ``ray_run``'s, named ``extend``)."""
+    _, first = ray_run
     assert first.summary["resumed_from"] is None
-    second = convoy.train(recipe_job(tmp_path, *ray_args, "run.name=extend", "run.epochs=10"))
-    assert second.summary["resumed_from"] == str(first.run_dir / "checkpoints" / "step_00000312")
+    shutil.copytree(first.run_dir, tmp_path / "extend")
+    second = convoy.train(recipe_job(tmp_path, *RAY_ARGS, "run.name=extend", "run.epochs=10"))
+    assert second.summary["resumed_from"] == str(tmp_path / "extend/checkpoints/step_00000312")
     assert second.summary["steps"] == 390  # 2 more epochs of 39 steps, not 10
     epochs = [r["epoch"] for r in read_metrics(second.run_dir) if r["kind"] == "epoch"]
     assert epochs == [*range(1, 9), 9, 10]  # metrics.jsonl keeps the first run's records
@@ -136,7 +147,5 @@ def test_launchers_run_any_worker_entry(tmp_path: Path, launcher: str) -> None:
 
 @pytest.mark.ray
 def test_ray_runs_any_worker_entry(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
-    job = recipe_job(
-        tmp_path, "scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5"
-    )
+    job = recipe_job(tmp_path, *RAY_ARGS)
     assert_census(get_launcher("ray").launch(job, census_entry("ray")), 2, "ray")
