@@ -119,10 +119,11 @@ def test_every_sample_once_per_epoch_and_every_eval_row_once(tmp_path: Path, ray
 
 
 def test_ray_data_reaches_the_torch_bar_and_evaluates_exactly(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
-    """digits_mlp (8 epochs) through Ray Data on 2 CPUs: it completes, reaches the bar the
-    torch loader reaches, and its 2-rank test metrics equal a single-process evaluation of the
-    same weights on the 359-sample (odd) test split."""
-    job = digits_job(tmp_path, "run.name=ray-data")
+    """digits_mlp (4 of its 8 epochs: the torch loader reaches 96-98% by then) through Ray
+    Data on 2 CPUs: it completes, reaches the bar the torch loader reaches, and its 2-rank test
+    metrics equal a single-process evaluation of the same weights on the 359-sample (odd) test
+    split."""
+    job = digits_job(tmp_path, "run.name=ray-data", "run.epochs=4")
     result = convoy.train(job)
     metrics = result.summary["metrics"]
     assert metrics["test/acc"] >= 0.93
