@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
 import shutil
+import signal
 import tarfile
 import tempfile
 from collections.abc import Iterator
@@ -155,11 +157,50 @@ class SessionRay:
         self.running, self.stopped_early = True, False
 
     def stop(self, early: bool = False) -> None:
+        """``ray.shutdown()``, then SIGKILL to any worker of this Ray that outlived its raylet
+        (a Ray Train controller was seen sleeping on for half an hour after its Ray ended)."""
         if self.running:
             import ray
 
+            raylets = [pid for pid in child_pids() if process_name(pid) == "raylet"]
             ray.shutdown()
+            for raylet in raylets:
+                for pid in pids_with_environ(f"RAY_RAYLET_PID={raylet}"):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGKILL)
             self.running, self.stopped_early = False, early
+
+
+def process_ids() -> list[int]:
+    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
+
+
+def process_name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
+def child_pids() -> list[int]:
+    """This process's children (Ray's raylet and GCS are the driver's)."""
+    children = []
+    for pid in process_ids():
+        with contextlib.suppress(OSError, IndexError, ValueError):
+            stat = Path(f"/proc/{pid}/stat").read_text()
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
+                children.append(pid)
+    return children
+
+
+def pids_with_environ(entry: str) -> list[int]:
+    """The processes whose environment holds ``entry`` (``KEY=value``)."""
+    found = []
+    for pid in process_ids():
+        with contextlib.suppress(OSError):
+            if entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+                found.append(pid)
+    return found
 
 
 SESSION_RAY = SessionRay()
