@@ -18,6 +18,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from processes import children_named, pids_with_environ
+
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray 2.60 enables token auth by default; tests run an embedded Ray without it.
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
@@ -135,7 +137,7 @@ class SessionRay:
     def __init__(self) -> None:
         self.modules: set[str] = set()  # the modules whose tests use it (collection)
         self.running = False
-        self.stopped_early = False
+        self.started = False  # once, by the ray_session fixture
 
     def start(self) -> None:
         """Started as the launcher starts its private one, with the dashboard's state API (as
@@ -154,53 +156,21 @@ class SessionRay:
             state_api=True,
             metrics=True,
         )
-        self.running, self.stopped_early = True, False
+        self.running = self.started = True
 
-    def stop(self, early: bool = False) -> None:
+    def stop(self) -> None:
         """``ray.shutdown()``, then SIGKILL to any worker of this Ray that outlived its raylet
         (a Ray Train controller was seen sleeping on for half an hour after its Ray ended)."""
         if self.running:
             import ray
 
-            raylets = [pid for pid in child_pids() if process_name(pid) == "raylet"]
+            raylets = children_named("raylet")
             ray.shutdown()
             for raylet in raylets:
                 for pid in pids_with_environ(f"RAY_RAYLET_PID={raylet}"):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-            self.running, self.stopped_early = False, early
-
-
-def process_ids() -> list[int]:
-    return [int(entry) for entry in os.listdir("/proc") if entry.isdigit()]
-
-
-def process_name(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/comm").read_text().strip()
-    except OSError:
-        return ""
-
-
-def child_pids() -> list[int]:
-    """This process's children (Ray's raylet and GCS are the driver's)."""
-    children = []
-    for pid in process_ids():
-        with contextlib.suppress(OSError, IndexError, ValueError):
-            stat = Path(f"/proc/{pid}/stat").read_text()
-            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid():
-                children.append(pid)
-    return children
-
-
-def pids_with_environ(entry: str) -> list[int]:
-    """The processes whose environment holds ``entry`` (``KEY=value``)."""
-    found = []
-    for pid in process_ids():
-        with contextlib.suppress(OSError):
-            if entry.encode() in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-                found.append(pid)
-    return found
+            self.running = False
 
 
 SESSION_RAY = SessionRay()
@@ -220,7 +190,7 @@ def ray_session(s3):
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The session's Ray again, before the fixtures of a test that needs it, where it was
     stopped after an earlier module."""
-    if SESSION_RAY.stopped_early and RAY_FIXTURE in item.fixturenames:
+    if SESSION_RAY.started and not SESSION_RAY.running and RAY_FIXTURE in item.fixturenames:
         SESSION_RAY.start()
 
 
@@ -229,7 +199,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     """After a test's module fixtures are torn down: stop the session's Ray when the next
     test (on this worker) is in a module that does not use it."""
     if nextitem is None or module_of(nextitem) not in SESSION_RAY.modules:
-        SESSION_RAY.stop(early=nextitem is not None)
+        SESSION_RAY.stop()
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from convoy.distributed import free_port
+from processes import parent_of, pids_matching
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 REPO = Path(__file__).resolve().parents[2]
@@ -58,25 +59,6 @@ def end_processes_naming(text: str) -> None:
     for pid in pids_matching(lambda cmdline: text in cmdline):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
-
-
-def pids_matching(accept: Any) -> list[int]:
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
-            continue
-        try:
-            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        if accept(cmdline):
-            found.append(int(entry.name))
-    return found
-
-
-def parent_of(pid: int) -> int:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])
 
 
 def ancestors(pid: int) -> list[int]:
