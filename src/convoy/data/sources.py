@@ -7,6 +7,7 @@ same splits without communicating.
 
 from __future__ import annotations
 
+from importlib.metadata import version
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits, TensorImageDataset, given_path, image_shape, seeded_split
+from convoy.data.cache import cached_arrays
 from convoy.errors import ConfigError, DataError
 
 # The split of a dataset must not move when the training seed changes.
@@ -22,11 +24,9 @@ DATA_SEED = 20240601
 
 def load_digits(cfg: DataConfig) -> Splits:
     """scikit-learn's 1,797 handwritten digits, 8x8 grey levels 0-16, split test/val/train."""
-    from sklearn.datasets import load_digits as sklearn_digits  # 1.8 s to import
-
-    bunch = sklearn_digits()
-    images = torch.tensor(bunch.images, dtype=torch.float32).unsqueeze(1)
-    labels = torch.tensor(bunch.target, dtype=torch.long)
+    arrays = cached_arrays("datasets", bundled_key("load_digits"), _decode_digits)
+    images = torch.tensor(arrays["images"], dtype=torch.float32).unsqueeze(1)
+    labels = torch.tensor(arrays["target"], dtype=torch.long)
     test_idx, val_idx, train_idx = seeded_split(
         len(labels), (cfg.test_fraction, cfg.val_fraction), DATA_SEED
     )
@@ -40,6 +40,20 @@ def load_digits(cfg: DataConfig) -> Splits:
 
     train = subset(train_idx, train=True)
     return Splits(train, subset(val_idx), subset(test_idx), image_shape(10, 1, 8))
+
+
+def bundled_key(loader: str) -> dict[str, str]:
+    """The cache key of a dataset that ships inside scikit-learn: the loader and the release
+    (read from the installed metadata, which does not import scikit-learn)."""
+    return {"loader": f"sklearn.datasets.{loader}", "version": version("scikit-learn")}
+
+
+def _decode_digits() -> dict[str, np.ndarray]:
+    # Imported only on a cache miss: scikit-learn costs a worker about a second of CPU.
+    from sklearn.datasets import load_digits as sklearn_digits
+
+    bunch = sklearn_digits()
+    return {"images": bunch.images, "target": bunch.target}
 
 
 def load_synthetic(cfg: DataConfig, num_classes: int = 10, channels: int = 3) -> Splits:

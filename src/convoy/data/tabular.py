@@ -24,18 +24,28 @@ from torch.utils.data import TensorDataset
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits, hold_out
-from convoy.data.sources import DATA_SEED
+from convoy.data.cache import cached_arrays
+from convoy.data.sources import DATA_SEED, bundled_key
 from convoy.errors import ConfigError
 
 
 def load_diabetes(cfg: DataConfig) -> Splits:
     """scikit-learn's diabetes regression set (442 x 10), split test/val/train."""
-    from sklearn.datasets import (
-        load_diabetes as sklearn_diabetes,
-    )  # 1.8 s to import
+    arrays = cached_arrays("datasets", bundled_key("load_diabetes"), _decode_diabetes)
+    names = [str(name) for name in arrays["feature_names"]]
+    return regression_splits(arrays["data"], arrays["target"], cfg, names)
+
+
+def _decode_diabetes() -> dict[str, np.ndarray]:
+    # Imported only on a cache miss: scikit-learn costs a worker about a second of CPU.
+    from sklearn.datasets import load_diabetes as sklearn_diabetes
 
     bunch = sklearn_diabetes(scaled=False)  # raw units: we standardize with train statistics
-    return regression_splits(bunch.data, bunch.target, cfg, list(bunch.feature_names))
+    return {
+        "data": bunch.data,
+        "target": bunch.target,
+        "feature_names": np.array(bunch.feature_names, dtype=str),
+    }
 
 
 def regression_splits(

@@ -38,19 +38,18 @@ nothing; ``model`` reads the model folder's tokenizer (``convoy.data.tokenizer``
 from __future__ import annotations
 
 import hashlib
-import json
 import math
-import os
 import zlib
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from filelock import FileLock
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits
+from convoy.data.cache import cached
 from convoy.data.shards import (
     RowGroup,
     ShardedSplit,
@@ -203,27 +202,6 @@ def _no_decoder(table: Any, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
 # --- the counting pass and its cache ----------------------------------------------------------
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("CONVOY_CACHE_DIR") or Path.home() / ".cache" / "convoy")
-
-
-def cached(kind: str, key: Any, compute: Any) -> Any:
-    """``compute()``'s JSON value, kept in the cache under a digest of ``key``; computed once
-    per machine at a time (other processes wait on the lock, then read it)."""
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:24]
-    folder = cache_dir() / kind
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / f"{digest}.json"
-    with FileLock(str(path) + ".lock"):
-        if path.is_file():
-            return json.loads(path.read_text())
-        value = compute()
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(value))
-        partial.replace(path)
-        return value
-
-
 def count_split(split: ShardedSplit, tokenizer: TextTokenizer) -> dict[str, Any]:
     """Tokens per row group (with the joining separator), and of the split's text: UTF-8
     bytes, gzip -9's size (the reference bits per byte) and a digest."""
@@ -302,7 +280,7 @@ def load_text_shards(cfg: DataConfig) -> Splits:
         split: cached(
             "token-counts",
             [identity[split], cfg.text_column, tokenizer_digest],
-            lambda s=sharded: count_split(s, tokenizer),
+            partial(count_split, sharded, tokenizer),
         )
         for split, sharded in raw.items()
     }
