@@ -205,26 +205,57 @@ def check_loss(job: Job, task: Task, outputs: Any, targets: Any) -> None:
             )
 
 
+# A model this small is checked on real tensors on the CPU. On the meta device, PyTorch runs
+# decompositions in Python that import torch._dynamo and sympy: 2.5 s of CPU before any worker
+# starts, for a forward that takes milliseconds on real tensors. Larger models stay on meta.
+REAL_FORWARD_MAX_BYTES = 64 * 2**20  # parameters and buffers
+REAL_FORWARD_MAX_INPUT_ELEMENTS = 2**16  # the sample's input elements (2 rows)
+
+
 def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
-    """The model's outputs on ``inputs``: on the meta device, or on CPU for models that do
-    not run there (a model that reads values, e.g. ``.item()``)."""
+    """The model's outputs on ``inputs``: on the CPU for a small model, else on the meta
+    device; on the CPU too for a model that does not run on meta (one that reads values,
+    e.g. ``.item()``). A small model that fails on real tensors is tried on meta, whose
+    outputs let the task name what does not fit (a vocabulary smaller than the data's)."""
+    with torch.device("meta"):
+        model = _build(job, shape)
+    check_context(job, model, shape)
+    failed_on_cpu: Exception | None = None
+    if _small(model, inputs):
+        try:
+            return _forward_on_cpu(job, task, shape, inputs)
+        except ConvoyError:
+            raise
+        except Exception as exc:
+            failed_on_cpu = exc
     try:
-        with torch.device("meta"):
-            model = _build(job, shape)
-        check_context(job, model, shape)
         return task.forward(model, move_to(inputs, torch.device("meta")))
     except ConvoyError:
         raise
     except ValueError as exc:  # the model's own complaint (a sequence past its context)
         raise _rejected(job, exc) from None
     except Exception:
-        pass
-    model = _build(job, shape)
+        if failed_on_cpu is not None:
+            raise _rejected(job, failed_on_cpu) from None
     try:
-        with torch.no_grad():
-            return task.forward(model, inputs)
+        return _forward_on_cpu(job, task, shape, inputs)
     except Exception as exc:
         raise _rejected(job, exc) from None
+
+
+def _small(model: torch.nn.Module, inputs: Any) -> bool:
+    tensors = [*model.parameters(), *model.buffers()]
+    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
+    input_elements = sum(t.numel() for t in tensors_in(inputs))
+    return (
+        model_bytes <= REAL_FORWARD_MAX_BYTES and input_elements <= REAL_FORWARD_MAX_INPUT_ELEMENTS
+    )
+
+
+def _forward_on_cpu(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
+    model = _build(job, shape)
+    with torch.no_grad():
+        return task.forward(model, inputs)
 
 
 def check_context(job: Job, model: torch.nn.Module, shape: dict[str, int]) -> None:

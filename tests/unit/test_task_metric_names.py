@@ -55,7 +55,9 @@ def test_a_task_that_names_no_metrics_is_asked_its_built_ones() -> None:
     assert "total" in Counting().reported({}, {})
 
 
-def test_the_driver_s_checks_import_no_torchmetrics(tmp_path: Path) -> None:
+def test_the_driver_s_checks_import_neither_torchmetrics_nor_dynamo(tmp_path: Path) -> None:
+    """The driver checks a small model on real tensors: on the meta device PyTorch's Python
+    decompositions import torch._dynamo (2.5 s of CPU before any worker starts)."""
     code = (
         "import sys\n"
         "from convoy.config import load_job\n"
@@ -66,8 +68,8 @@ def test_the_driver_s_checks_import_no_torchmetrics(tmp_path: Path) -> None:
         "checked, _ = get_launcher('torchrun').check(job)\n"
         # Ranking by a task metric: its name was asked of the task, its mode filled in.
         "assert checked.checkpoint.best_mode == 'max', checked.checkpoint\n"
-        "print('torchmetrics' in sys.modules)\n"
+        "print('torchmetrics' in sys.modules, 'torch._dynamo' in sys.modules)\n"
     )
     checked = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert checked.returncode == 0, checked.stderr
-    assert checked.stdout.strip() == "False"
+    assert checked.stdout.strip() == "False False"
