@@ -86,11 +86,21 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Dearest tier first, each module's tests together and in their own order (a stable
     sort), so that workers given whole modules take the long ones first; within a tier, the
     modules that use the session's Ray before the others, so that it runs once per worker
-    and is stopped once they are done (``pytest_runtest_teardown``)."""
-    SESSION_RAY.modules = {module_of(item) for item in items if RAY_FIXTURE in item.fixturenames}
-    items.sort(
-        key=lambda item: (tier_rank(item.nodeid), module_of(item) not in SESSION_RAY.modules)
-    )
+    and is stopped once they are done (``pytest_runtest_teardown``), and of those, the ones
+    marked ``ray_dashboard`` last."""
+    SESSION_RAY.modules = {
+        module_of(item): item.get_closest_marker(DASHBOARD_MARK) is not None
+        for item in items
+        if RAY_FIXTURE in item.fixturenames
+    }
+
+    def order(item: pytest.Item) -> tuple[int, bool, bool]:
+        module = module_of(item)
+        uses_ray = module in SESSION_RAY.modules
+        # The modules that want the dashboard after those that do not: one restart a worker.
+        return tier_rank(item.nodeid), not uses_ray, uses_ray and SESSION_RAY.modules[module]
+
+    items.sort(key=order)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -125,24 +135,31 @@ def s3():
 
 
 RAY_FIXTURE = "ray_session"
+# A module whose tests need the session Ray's dashboard (the state API that Ray Train and
+# Tune free a stopped trial's workers through) and Ray's metrics collection (Prometheus).
+DASHBOARD_MARK = "ray_dashboard"
 
 
 class SessionRay:
     """The embedded Ray of one pytest process, up only while its modules run: idle, it costs
-    3-6 CPU-s a minute (GCS, raylet, the dashboard and its agent), which over the modules
-    that follow the last Ray test was minutes of a 2-core suite. Stopped after the last test
-    of a module that uses it when the next test's module does not; started again by the next
-    test that needs it."""
+    2 CPU-s a minute (GCS, raylet, the dashboard agent), 5 with the dashboard and metrics,
+    which over the modules that follow the last Ray test was minutes of a 2-core suite.
+    Stopped after the last test of a module that uses it when the next test's module does
+    not; started again by the next test that needs it. Started without the dashboard and
+    metrics, as ``convoy train`` starts its private Ray, unless the module is marked
+    ``ray_dashboard`` (Tune's sweeps, the Prometheus metrics); with them, each Ray Train
+    run also keeps Ray Train's metrics callbacks."""
 
     def __init__(self) -> None:
-        self.modules: set[str] = set()  # the modules whose tests use it (collection)
-        self.running = False
+        # The modules whose tests use it (collection): whether each wants the dashboard.
+        self.modules: dict[str, bool] = {}
+        self.running: bool | None = None  # None: stopped; else whether with the dashboard
         self.started = False  # once, by the ray_session fixture
+        self.module = ""  # the module of the test being set up
 
-    def start(self) -> None:
-        """Started as the launcher starts its private one, with the dashboard's state API (as
-        ``convoy tune`` does) and metrics (the monitoring test reads the workers' Prometheus
-        metrics); train workers take fractional CPUs."""
+    def start(self, dashboard: bool) -> None:
+        """Started as the launcher starts its private one (with the dashboard's state API and
+        metrics where ``dashboard``); train workers take fractional CPUs."""
         import ray
 
         from convoy.config import RayLauncherConfig
@@ -153,15 +170,18 @@ class SessionRay:
             RayCluster(address=None),
             resources={"convoy_trial_driver": 4},  # convoy tune's trial drivers
             settings=RayLauncherConfig(),
-            state_api=True,
-            metrics=True,
+            state_api=dashboard,
+            metrics=dashboard,
         )
-        self.running = self.started = True
+        self.running, self.started = dashboard, True
+
+    def start_for_module(self) -> None:
+        self.start(self.modules.get(self.module, False))
 
     def stop(self) -> None:
         """``ray.shutdown()``, then SIGKILL to any worker of this Ray that outlived its raylet
         (a Ray Train controller was seen sleeping on for half an hour after its Ray ended)."""
-        if self.running:
+        if self.running is not None:
             import ray
 
             raylets = children_named("raylet")
@@ -170,7 +190,7 @@ class SessionRay:
                 for pid in pids_with_environ(f"RAY_RAYLET_PID={raylet}"):
                     with contextlib.suppress(ProcessLookupError):
                         os.kill(pid, signal.SIGKILL)
-            self.running = False
+            self.running = None
 
 
 SESSION_RAY = SessionRay()
@@ -181,7 +201,7 @@ def ray_session(s3):
     """One embedded Ray for the session's Ray tests (``SessionRay``); ``s3`` first, so that
     Ray's workers inherit its endpoint."""
     ray = pytest.importorskip("ray")
-    SESSION_RAY.start()
+    SESSION_RAY.start_for_module()
     yield ray
     SESSION_RAY.stop()
 
@@ -189,9 +209,15 @@ def ray_session(s3):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The session's Ray again, before the fixtures of a test that needs it, where it was
-    stopped after an earlier module."""
-    if SESSION_RAY.started and not SESSION_RAY.running and RAY_FIXTURE in item.fixturenames:
-        SESSION_RAY.start()
+    stopped after an earlier module or runs without the dashboard this module wants."""
+    SESSION_RAY.module = module_of(item)
+    if not (SESSION_RAY.started and RAY_FIXTURE in item.fixturenames):
+        return
+    wanted = SESSION_RAY.modules.get(SESSION_RAY.module, False)
+    if SESSION_RAY.running is not None and SESSION_RAY.running != wanted:
+        SESSION_RAY.stop()
+    if SESSION_RAY.running is None:
+        SESSION_RAY.start(wanted)
 
 
 @pytest.hookimpl(trylast=True)

@@ -20,7 +20,7 @@ import convoy
 from convoy.config import Job, load_job
 from convoy.outputs import read_metrics
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.ray_dashboard]
 RECIPES = Path(__file__).resolve().parents[2] / "recipes"
 SLOW_RANK_1 = ("fault.kind=slow", "fault.rank=1", "fault.slow_seconds=0.04", "fault.at_step=1")
 

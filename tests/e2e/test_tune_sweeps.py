@@ -15,7 +15,7 @@ import pytest
 from convoy.cli import main
 from convoy.config import load_job
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.ray_dashboard]
 TINY = [
     "-o", "model.name=mlp",
     "-o", "model.kwargs={hidden: 32}",
