@@ -63,11 +63,17 @@ def test_two_kills_are_survived_with_the_same_result(tmp_path: Path, ray_session
         assert torch.equal(tensor, got[name]), name
 
 
-def test_a_third_kill_fails_clearly_and_keeps_checkpoints(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
-    job = ray_job(tmp_path, "killed-thrice", *KILL_RANK_1, "fault.attempts=3")
+def test_a_kill_past_max_failures_fails_clearly_and_keeps_checkpoints(
+    tmp_path: Path, ray_session
+) -> None:  # type: ignore[no-untyped-def]
+    """``scaling.max_failures=1``: the first kill is survived, the second ends the run with one
+    clear error, and the checkpoint committed before them still loads."""
+    job = ray_job(
+        tmp_path, "killed-twice-of-one", *KILL_RANK_1, "fault.attempts=2", "scaling.max_failures=1"
+    )
     with pytest.raises(LaunchError, match="Ray Train run failed"):
         convoy.train(job)
-    assert (job.run_dir / ".attempts").read_text() == "3"
+    assert (job.run_dir / ".attempts").read_text() == "2"
     checkpoints = committed_checkpoints(job.run_dir)
     assert checkpoints == ["step_00000020"]
     for checkpoint in checkpoints:  # every committed checkpoint still loads

@@ -74,7 +74,16 @@ def tune_process(tmp_path: Path, space: str, *extra: str) -> subprocess.Popen[st
     env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     command = [sys.executable, "-m", "convoy", "tune", "--space", space, "--name", "r"]
     options = ["--scheduler", "none", "--samples", "1", "--max-concurrent", "1"]
-    storage = ["-o", "run.epochs=1", "-o", f"run.storage_dir={tmp_path}"]
+    # One worker a trial: what is checked is the sweep's record across an interruption (the
+    # ASHA test above frees two-worker trials).
+    storage = [
+        "-o",
+        "run.epochs=1",
+        "-o",
+        "scaling.num_workers=1",
+        "-o",
+        f"run.storage_dir={tmp_path}",
+    ]
     return subprocess.Popen(
         [*command, *options, *TINY, *storage, *extra],
         env=env,
