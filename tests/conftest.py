@@ -18,7 +18,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from processes import children_named, pids_with_environ
+from processes import children_named, is_alive, pids_with_environ
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 # Ray 2.60 enables token auth by default; tests run an embedded Ray without it.
@@ -178,6 +178,11 @@ class SessionRay:
     def start_for_module(self) -> None:
         self.start(self.modules.get(self.module, False))
 
+    def lost(self) -> bool:
+        """Whether the running Ray has lost its raylet (seen once on an overloaded machine:
+        every later Ray test on that worker then failed at setup)."""
+        return self.running is not None and not any(map(is_alive, children_named("raylet")))
+
     def stop(self) -> None:
         """``ray.shutdown()``, then SIGKILL to any worker of this Ray that outlived its raylet
         (a Ray Train controller was seen sleeping on for half an hour after its Ray ended)."""
@@ -209,12 +214,13 @@ def ray_session(s3):
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """The session's Ray again, before the fixtures of a test that needs it, where it was
-    stopped after an earlier module or runs without the dashboard this module wants."""
+    stopped after an earlier module, runs without the dashboard this module wants, or lost
+    its raylet."""
     SESSION_RAY.module = module_of(item)
     if not (SESSION_RAY.started and RAY_FIXTURE in item.fixturenames):
         return
     wanted = SESSION_RAY.modules.get(SESSION_RAY.module, False)
-    if SESSION_RAY.running is not None and SESSION_RAY.running != wanted:
+    if SESSION_RAY.running is not None and (SESSION_RAY.running != wanted or SESSION_RAY.lost()):
         SESSION_RAY.stop()
     if SESSION_RAY.running is None:
         SESSION_RAY.start(wanted)

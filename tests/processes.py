@@ -52,3 +52,12 @@ def children_named(name: str) -> list[int]:
             ):
                 found.append(pid)
     return found
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` runs (not gone, not a zombie waiting to be reaped)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
