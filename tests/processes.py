@@ -35,10 +35,14 @@ def pids_with_environ(entry: str) -> list[int]:
     return found
 
 
+def stat_fields(pid: int) -> list[str]:
+    """``/proc/PID/stat`` after "pid (comm)": state, parent, ...; ``OSError`` when gone."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
 def parent_of(pid: int) -> int:
     """The parent's PID; ``OSError`` when the process is gone."""
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state"
+    return int(stat_fields(pid)[1])
 
 
 def children_named(name: str) -> list[int]:
@@ -57,7 +61,7 @@ def children_named(name: str) -> list[int]:
 def is_alive(pid: int) -> bool:
     """Whether ``pid`` runs (not gone, not a zombie waiting to be reaped)."""
     try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        state = stat_fields(pid)[0]
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")

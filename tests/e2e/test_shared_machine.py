@@ -28,7 +28,7 @@ import pytest
 import yaml
 
 from convoy.distributed import free_port
-from processes import parent_of, pids_matching
+from processes import parent_of, pids_matching, stat_fields
 
 pytestmark = [pytest.mark.e2e, pytest.mark.ray]
 REPO = Path(__file__).resolve().parents[2]
@@ -78,7 +78,7 @@ def train_workers() -> dict[int, list[int]]:
 
 
 def niceness(pid: int) -> int:
-    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+    return int(stat_fields(pid)[16])
 
 
 def ray_metrics_setting(pid: int) -> str | None:

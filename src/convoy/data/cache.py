@@ -30,18 +30,34 @@ def _entry(kind: str, key: Any, suffix: str) -> Path:
     return folder / f"{digest}{suffix}"
 
 
+def _compute_once(
+    path: Path,
+    compute: Callable[[], Any],
+    read: Callable[[Path], Any],
+    write: Callable[[Path, Any], object],
+) -> Any:
+    """``read(path)`` if it exists, else ``compute()`` written there (through a temporary file
+    renamed into place), under the path's lock: one process of a machine computes, the others
+    wait and read."""
+    with FileLock(str(path) + ".lock"):
+        if path.is_file():
+            return read(path)
+        value = compute()
+        partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp{path.suffix}")
+        write(partial, value)
+        partial.replace(path)
+        return value
+
+
 def cached(kind: str, key: Any, compute: Callable[[], Any]) -> Any:
     """``compute()``'s JSON value, kept in the cache under a digest of ``key``; computed once
     per machine at a time (other processes wait on the lock, then read it)."""
-    path = _entry(kind, key, ".json")
-    with FileLock(str(path) + ".lock"):
-        if path.is_file():
-            return json.loads(path.read_text())
-        value = compute()
-        partial = path.with_suffix(f".{os.getpid()}.tmp")
-        partial.write_text(json.dumps(value))
-        partial.replace(path)
-        return value
+    return _compute_once(
+        _entry(kind, key, ".json"),
+        compute,
+        lambda path: json.loads(path.read_text()),
+        lambda path, value: path.write_text(json.dumps(value)),
+    )
 
 
 def cached_arrays(
@@ -52,18 +68,16 @@ def cached_arrays(
     computed in this process instead: the cache saves time, it is never needed."""
     try:
         path = _entry(kind, key, ".npz")
-        lock = FileLock(str(path) + ".lock")
-        lock.acquire()
     except OSError:
         return compute()
-    try:
-        if path.is_file():
-            with np.load(path, allow_pickle=False) as stored:
-                return {name: stored[name] for name in stored.files}
-        arrays = compute()
-        partial = path.with_name(f"{path.stem}.{os.getpid()}.tmp.npz")
-        np.savez(partial, allow_pickle=False, **arrays)
-        partial.replace(path)
-        return arrays
-    finally:
-        lock.release()
+    arrays: dict[str, np.ndarray] = _compute_once(path, compute, _read_arrays, _write_arrays)
+    return arrays
+
+
+def _read_arrays(path: Path) -> dict[str, np.ndarray]:
+    with np.load(path, allow_pickle=False) as stored:
+        return {name: stored[name] for name in stored.files}
+
+
+def _write_arrays(path: Path, arrays: dict[str, np.ndarray]) -> None:
+    np.savez(path, allow_pickle=False, **arrays)
