@@ -1,9 +1,9 @@
 """A real kube-apiserver + etcd on loopback for the ``convoy k8s`` tests (k8s-envtest).
 
-``envtest`` (session-scoped) builds the server once per machine (``build.sh`` returns at once
-when it is built), starts one server for the test session with the KubeRay v1.7.0 CRDs
+``envtest`` (module-scoped) builds the server once per machine (``build.sh`` returns at once
+when it is built), starts one server for the module that uses it with the KubeRay v1.7.0 CRDs
 created from the copies Convoy ships (their CEL rules stripped: a 1.20 server rejects the
-field), and stops it by its pid files at the end. Where it cannot (no build tools, no
+field), and stops it by its pid files after that module. Where it cannot (no build tools, no
 network to the Debian archive, no envtest scripts) every test here skips with the reason.
 
 There is no kubelet, scheduler or controller: nothing runs a pod and no operator moves a
@@ -113,7 +113,10 @@ def _create_crds(api: Any) -> None:
     core.create_namespaced_service_account("default", {"metadata": {"name": "default"}})
 
 
-@pytest.fixture(scope="session")
+# Module scope: the server and etcd use ~3 CPU-s a minute idle (measured), and only
+# test_k8s_apiserver.py needs them; kept for the session, they idled through the rest of the
+# cluster tier (~20 minutes).
+@pytest.fixture(scope="module")
 def envtest() -> Iterator[Envtest]:
     pytest.importorskip("kubernetes", reason="the k8s extra is not installed")
     pytest.importorskip("celpy", reason="the k8s extra is not installed")
