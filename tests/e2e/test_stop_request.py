@@ -17,7 +17,9 @@ import pytest
 import torch
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+import convoy
 from convoy.checkpoint import checkpoint_root, committed_checkpoints
+from convoy.config import load_job
 from convoy.engine.stop import STOPPED_EXIT_CODE
 
 pytestmark = pytest.mark.e2e
@@ -35,10 +37,13 @@ LAYOUTS = {
 }
 
 
-def command(storage: Path, name: str, layout: list[str], *extra: str) -> list[str]:
+RECIPE = REPO / "recipes" / "digits_mlp.yaml"
+
+
+def overrides(storage: Path, name: str, layout: list[str], *extra: str) -> list[str]:
     """digits_mlp, every step logged; its checkpoints every 4 epochs come after the last
     step: what the stop saves is all there is to resume from."""
-    overrides = [
+    return [
         *layout,
         f"run.max_steps={STEPS}",
         "run.stop_poll_s=0",  # agree at every boundary: a notice at step 6 of 24 lands
@@ -48,8 +53,12 @@ def command(storage: Path, name: str, layout: list[str], *extra: str) -> list[st
         f"run.name={name}",
         *extra,
     ]
-    args = [sys.executable, "-m", "convoy", "train", str(REPO / "recipes" / "digits_mlp.yaml")]
-    return args + [part for override in overrides for part in ("-o", override)]
+
+
+def command(storage: Path, name: str, layout: list[str], *extra: str) -> list[str]:
+    """``convoy train`` on ``overrides(...)``: the process a test stops and resumes."""
+    args = [sys.executable, "-m", "convoy", "train", str(RECIPE)]
+    return args + [part for o in overrides(storage, name, layout, *extra) for part in ("-o", o)]
 
 
 def logged_steps(run_dir: Path) -> list[int]:
@@ -67,14 +76,18 @@ def final_weights(run_dir: Path, target: Path) -> dict[str, torch.Tensor]:
 @pytest.fixture(scope="module")
 def straight_weights(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
     """The final weights of an uninterrupted run, once per layout for the module (how often
-    the run checkpoints or may restart does not change them)."""
+    the run checkpoints or may restart does not change them). The same job as the stopped
+    runs' command, without a fault, trained through ``convoy.train`` from this process: the
+    reference is not what a test stops, so it needs no ``convoy train`` process of its own
+    (under ``torchrun`` its workers are still torchrun's; under ``local`` the engine runs
+    here, with the threads the job sets, as it would in ``convoy train``)."""
     found: dict[str, dict[str, torch.Tensor]] = {}
 
     def weights(launcher: str) -> dict[str, torch.Tensor]:
         if launcher not in found:
             storage = tmp_path_factory.mktemp(f"straight-{launcher}")
-            args = command(storage, "straight", LAYOUTS[launcher])
-            subprocess.run(args, check=True, capture_output=True, timeout=RUN_TIMEOUT_S)
+            job = load_job(RECIPE, overrides(storage, "straight", LAYOUTS[launcher]))
+            convoy.train(job)
             found[launcher] = final_weights(storage / "straight", storage / "straight.pt")
         return found[launcher]
 
