@@ -227,12 +227,15 @@ def test_a_run_started_during_a_sweep_keeps_to_its_own_ray(
     ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
 ) -> None:
     # One trial: the run starts while the sweep's private Ray is up and its trial starts.
+    # The trial trains on one worker (what is checked is whose Ray each worker is of, not the
+    # sweep's training); the run keeps the two of the run it must match.
     space = tmp_path / "space.yaml"
     space.write_text("optim.lr: {grid: [3.0e-3]}\n")
     sweep = convoy(
         ray_tmp,
-        "tune", *SMALL_RUN, "--space", str(space), "--name", "s", "--scheduler", "none",
-        "--samples", "1", "--max-concurrent", "1", "-o", f"run.storage_dir={tmp_path}",
+        "tune", *SMALL_RUN, "-o", "scaling.num_workers=1", "--space", str(space), "--name", "s",
+        "--scheduler", "none", "--samples", "1", "--max-concurrent", "1",
+        "-o", f"run.storage_dir={tmp_path}",
     )  # fmt: skip
     assert sweep.stdout is not None
     head = [next(sweep.stdout) for _ in range(3)]
