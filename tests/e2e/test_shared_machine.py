@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import yaml
@@ -182,13 +182,21 @@ def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_not
     same_metrics(summary_of(fresh), alone)
 
 
-Seen = dict[str, dict[int, tuple[int, str | None]]]
+class WorkerSeen(NamedTuple):
+    """A train worker as last seen: its nice value, its Ray metrics setting, and whether it
+    leads a session of its own."""
+
+    nice: int
+    metrics: str | None
+    own_session: bool
+
+
+Seen = dict[str, dict[int, WorkerSeen]]
 
 
 def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
-    """Until every process ends: the train workers that descend from each process, with the
-    nice value each was last seen at and its Ray metrics setting. No worker may descend from
-    two of them."""
+    """Until every process ends: the train workers that descend from each process, as each
+    was last seen (``WorkerSeen``). No worker may descend from two of them."""
     seen: Seen = {name: {} for name in processes}
     strangers: list[tuple[int, list[int]]] = []
     while any(p.poll() is None for p in processes.values()):
@@ -198,7 +206,10 @@ def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
                 strangers.append((worker, chain))
             for owner in owners:
                 with contextlib.suppress(OSError):  # it ended meanwhile
-                    seen[owner][worker] = (niceness(worker), ray_metrics_setting(worker))
+                    own_session = int(stat_fields(worker)[3]) == worker
+                    seen[owner][worker] = WorkerSeen(
+                        niceness(worker), ray_metrics_setting(worker), own_session
+                    )
         time.sleep(0.2)
     assert not strangers, strangers
     return seen
@@ -283,6 +294,9 @@ def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_traceba
     assert "epoch 1/1" in output and "run dir:" in output, output
     # Ray's default would be nice 15: a quarter of a fair share against the spinners.
     assert len(workers) == 2
-    assert {nice for nice, _ in workers.values()} == {os.getpriority(os.PRIO_PROCESS, 0)}
+    assert {seen.nice for seen in workers.values()} == {os.getpriority(os.PRIO_PROCESS, 0)}
+    # Each in a session of its own, as torchrun's workers: Linux shares the CPU between
+    # sessions first, and in the session of `make` they shared one share with the spinners.
+    assert all(seen.own_session for seen in workers.values()), workers
     # A run without monitor.prometheus has no use for Ray's metrics collection.
-    assert {metrics for _, metrics in workers.values()} == {"0"}
+    assert {seen.metrics for seen in workers.values()} == {"0"}

@@ -353,6 +353,29 @@ def set_process_niceness(niceness: int) -> str | None:
     return None
 
 
+def enter_own_session() -> str | None:
+    """Move this process into a session of its own, as torchrun starts each of its workers.
+
+    Linux shares the CPU fairly between sessions (scheduler autogroups) before it looks at
+    processes. A Ray worker is in the session of whatever started Ray (the ``convoy`` command,
+    a shell), together with every Ray process and anything else that session runs, so on a
+    busy machine two train workers got one session's share where torchrun's two got two.
+    Ray makes each worker a process group leader, which cannot start a session: it first
+    joins its parent's group, and ``setsid`` then makes it the leader of a group whose id is
+    its PID again, the group Ray signals when it ends the worker. Returns why not, in a few
+    words, when it cannot (the run goes on in Ray's session).
+    """
+    try:
+        if os.getsid(0) == os.getpid():
+            return None  # already a session leader
+        if os.getpgid(0) == os.getpid():
+            os.setpgid(0, os.getpgid(os.getppid()))
+        os.setsid()
+    except OSError as error:
+        return f"the worker stays in Ray's session ({error.strerror or error})"
+    return None
+
+
 def ray_logs_note(ray: Any) -> str:
     """Where this process's Ray keeps its logs (for the run's log and bug reports)."""
     node = ray._private.worker._global_node

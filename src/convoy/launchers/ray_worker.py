@@ -18,7 +18,12 @@ from convoy.engine.stop import StopRequested
 from convoy.integrations.prometheus import PrometheusSink
 from convoy.integrations.ray_train import RayTrainReportSink
 from convoy.launchers.base import WorkerEntry
-from convoy.launchers.ray_local import prometheus_enabled, quiet_ray_loggers, set_process_niceness
+from convoy.launchers.ray_local import (
+    enter_own_session,
+    prometheus_enabled,
+    quiet_ray_loggers,
+    set_process_niceness,
+)
 from convoy.launchers.ray_preemption import RayPreemptionNotices, wait_for_preemption
 
 
@@ -34,6 +39,9 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     refused = set_process_niceness(config["niceness"])
     if refused and context.get_world_rank() == 0:
         print(f"convoy: train workers keep Ray's priority: {refused}", flush=True)
+    not_moved = enter_own_session()
+    if not_moved and context.get_world_rank() == 0:
+        print(f"convoy: {not_moved}", flush=True)
     reports = RayTrainReportSink()
     ctx = WorkerContext(
         rank=context.get_world_rank(),
