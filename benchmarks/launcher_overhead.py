@@ -11,7 +11,11 @@ an interleaved order:
 - ``ray (warm)``: a Ray that is already running (``ray start --head`` before the
   measurement; the run joins it): only Ray Train's own start-up is measured;
 - ``2 at once``: two runs of the same launcher started together (medians over both);
-- ``busy``: two processes spin at the user's priority on every core during the run.
+- ``busy``: two processes spin at the user's priority on every core during the run, in the
+  benchmark's own session (as a user's other work started from the same shell);
+- ``busy elsewhere``: the same spinners, each in a session of its own (as other users' or
+  other terminals' work): Linux shares the CPU between sessions (autogroups) before it
+  shares it between processes, so which session the train workers are in decides their share.
 
 Time to first step = from the process start to the end of the first optimizer step on rank 0;
 steady-state step = median step time after 3 warm-up steps; total = process start to exit.
@@ -51,6 +55,8 @@ MODES = (
     "2 at once: ray (cold)",
     "busy: torchrun",
     "busy: ray (cold)",
+    "busy elsewhere: torchrun",
+    "busy elsewhere: ray (cold)",
 )
 
 
@@ -93,10 +99,16 @@ def finish(start: float, process: subprocess.Popen[str], run_dir: Path) -> dict[
 
 
 @contextmanager
-def busy_cores(active: bool) -> Iterator[None]:
+def busy_cores(mode: str) -> Iterator[None]:
+    """Two spinning processes a core during ``busy`` modes; ``busy elsewhere`` starts each in
+    a session of its own."""
+    active = mode.startswith("busy")
+    own_sessions = mode.startswith("busy elsewhere")
     spinners = (
         [
-            subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            subprocess.Popen(
+                [sys.executable, "-c", "while True: pass"], start_new_session=own_sessions
+            )
             for _ in range(os.cpu_count() or 1)
         ]
         if active
@@ -139,7 +151,7 @@ def measure(
     slug = "".join(c if c.isalnum() else "-" for c in mode).strip("-")
     names = [f"{slug}-{tag}-{copy}" for copy in range(copies)]
     env = {**env, "PYTHONPATH": str(src.resolve())}
-    with ray_head(env, mode == "ray (warm)"), busy_cores(mode.startswith("busy")):
+    with ray_head(env, mode == "ray (warm)"), busy_cores(mode):
         started = [start_run(src, env, launcher, storage, epochs, name) for name in names]
         return [finish(t, p, storage / name) for (t, p), name in zip(started, names, strict=True)]
 
