@@ -169,7 +169,7 @@ def test_encoded_images_decode_in_ray_data(imagefolder: Path, tmp_path: Path, ra
 TASKS = {
     # odd eval splits: diabetes 44 val / 88 test; the text corpus packs across row groups
     # with a padded last sequence; sensor series: the fleet test below
-    "regression": ("diabetes_regression.yaml", ["run.epochs=2"]),
+    "regression": ("diabetes_regression.yaml", ["run.epochs=1"]),
     "language_modeling": (
         "digits_mlp.yaml",
         [
