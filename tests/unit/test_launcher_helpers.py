@@ -195,6 +195,24 @@ def test_process_niceness_is_set_on_every_thread() -> None:
     assert out.stdout.strip() == f"[{base + 3}]"
 
 
+def test_a_process_group_leader_enters_a_session_of_its_own() -> None:
+    # As Ray starts its workers: each the leader of its own process group, in its parent's
+    # session. After the move: a session of its own (a scheduler autogroup of its own), and
+    # its group id is its PID again (the group Ray signals to end it).
+    code = (
+        "import os\n"
+        "from convoy.launchers.ray_local import enter_own_session\n"
+        "before = os.getsid(0)\n"
+        "assert enter_own_session() is None\n"
+        "assert enter_own_session() is None  # a second call: already its own\n"
+        "print(before != os.getpid(), os.getsid(0) == os.getpid(), os.getpgid(0) == os.getpid())\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, process_group=0
+    )
+    assert out.stdout.split() == ["True", "True", "True"]
+
+
 def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
     job = load_job(
         None,
