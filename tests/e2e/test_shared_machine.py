@@ -77,10 +77,6 @@ def train_workers() -> dict[int, list[int]]:
     return {pid: ancestors(pid) for pid in pids_matching(lambda c: "ray::RayTrainWorker" in c)}
 
 
-def niceness(pid: int) -> int:
-    return int(stat_fields(pid)[16])
-
-
 def ray_metrics_setting(pid: int) -> str | None:
     """The worker's ``RAY_enable_metrics_collection`` (None: Ray's default, on)."""
     for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
@@ -194,6 +190,12 @@ class WorkerSeen(NamedTuple):
 Seen = dict[str, dict[int, WorkerSeen]]
 
 
+def worker_seen(pid: int) -> WorkerSeen:
+    """The worker ``pid`` now, from one read of ``/proc/PID/stat`` (``OSError`` when gone)."""
+    fields = stat_fields(pid)  # fields[3]: its session's id; fields[16]: its nice value
+    return WorkerSeen(int(fields[16]), ray_metrics_setting(pid), int(fields[3]) == pid)
+
+
 def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
     """Until every process ends: the train workers that descend from each process, as each
     was last seen (``WorkerSeen``). No worker may descend from two of them."""
@@ -206,10 +208,7 @@ def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
                 strangers.append((worker, chain))
             for owner in owners:
                 with contextlib.suppress(OSError):  # it ended meanwhile
-                    own_session = int(stat_fields(worker)[3]) == worker
-                    seen[owner][worker] = WorkerSeen(
-                        niceness(worker), ray_metrics_setting(worker), own_session
-                    )
+                    seen[owner][worker] = worker_seen(worker)
         time.sleep(0.2)
     assert not strangers, strangers
     return seen

@@ -28,6 +28,7 @@ from convoy.launchers.ray import (
     reserve_data_cpus,
     worker_resources,
 )
+from convoy.launchers.ray_local import enter_own_session
 from convoy.launchers.torchrun import (
     nnodes_argument,
     node_address,
@@ -211,6 +212,20 @@ def test_a_process_group_leader_enters_a_session_of_its_own() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, process_group=0
     )
     assert out.stdout.split() == ["True", "True", "True"]
+
+
+def test_a_refused_session_move_says_why_and_changes_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The kernel's refusal, faked: a worker neither session nor group leader whose setsid
+    # fails (no real refusal can be made here without moving the test process itself).
+    def refuse() -> None:
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(os, "getsid", lambda pid: -1)
+    monkeypatch.setattr(os, "getpgid", lambda pid: -1)
+    monkeypatch.setattr(os, "setsid", refuse)
+    assert enter_own_session() == "the worker stays in Ray's session (Operation not permitted)"
 
 
 def test_torchrun_command_carries_the_config(tmp_path: Path) -> None:
