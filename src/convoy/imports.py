@@ -39,8 +39,12 @@ def import_attribute(field: str, path: str, form: str) -> Any:
     return getattr(module, attr)
 
 
-CHECKOUT_TARGETS = {"ray": "make run"}
-"""The make target that installs an extra into a checkout's ``.venv`` (any other: make dev)."""
+CHECKOUT_TARGETS = {
+    "ray": "make run",
+    # Not in `make dev`: its Triton dependency is large and runs on CUDA only.
+    "fused": ".venv/bin/pip install -c constraints.txt -e '.[fused]'",
+}
+"""The command that installs an extra into a checkout's ``.venv`` (any other: make dev)."""
 
 
 def missing_extra(what: str, package: str, extra: str) -> str:

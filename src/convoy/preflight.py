@@ -29,6 +29,7 @@ from convoy.engine.sinks import TRACKING_SINKS
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
 from convoy.integrations.lightning_checks import check_lightning
+from convoy.models.head_loss import check_head_loss_device
 from convoy.models.huggingface import HuggingFaceModel, repeated_classes
 from convoy.models.registry import build_model, check_model
 from convoy.strategies import strategy_class
@@ -51,6 +52,7 @@ def preflight(job: Job) -> Job:
         return job
     task = build_task(job.task.name, job.task.kwargs)
     check_model(job.model.name, job.model.kwargs)
+    check_model_device(job)
     check_dataset(job.data)
     splits = load_splits(job.data)
     sample = sample_batch(job, splits)
@@ -173,6 +175,19 @@ def _describe(item: Any) -> str:
     if isinstance(item, (tuple, list)):
         return f"a {type(item).__name__} of {len(item)}"
     return f"a {type(item).__name__}"
+
+
+def check_model_device(job: Job) -> None:
+    """A model setting that cannot run where the job trains (``model.kwargs.head_loss: liger``
+    on the CPU), said before the model is built."""
+    choice = job.model.kwargs.get("head_loss")
+    if not isinstance(choice, str):
+        return
+    try:
+        check_head_loss_device(choice, job.scaling.use_gpu)
+    except ValueError as exc:
+        where = "this job trains on the CPU (scaling.use_gpu: false)"
+        raise ConfigError("model.kwargs.head_loss", choice, f"{where}; {exc}") from None
 
 
 def check_model_fits(job: Job, task: Task, splits: Splits, sample: tuple[Any, Any]) -> None:

@@ -13,6 +13,8 @@ from convoy.models.gpt import GPT
 from convoy.models.head_loss import (
     FUSED_FROM_BYTES,
     ChunkedLinearCrossEntropy,
+    check_head_loss_device,
+    head_loss_sum,
     liger_available,
     resolve_head_loss,
 )
@@ -86,17 +88,37 @@ def test_an_unknown_or_missing_head_loss_is_one_line_before_any_worker(tmp_path)
     from convoy.preflight import preflight
 
     base = ["strategy.name=single", "scaling.num_workers=1", "scaling.launcher=local"]
-    for value, says in (
-        ("fast", "head_loss: got 'fast'; allowed: auto, logits"),
-        ("liger", "pip install 'convoy[fused]'"),
-    ):
-        if value == "liger" and liger_available():
-            continue
+    cases = [
+        ("fast", [], "model.kwargs:", "head_loss: got 'fast'; allowed: auto, logits"),
+        # On the CPU the device is said first: installing the extra would not help there.
+        ("liger", [], "model.kwargs.head_loss: got 'liger';", "run on CUDA only"),
+    ]
+    if not liger_available():  # a GPU job without the extra: the exact install command
+        install = "pip install 'convoy[fused]' (in a checkout: .venv/bin/pip install -c"
+        cases.append(("liger", ["scaling.use_gpu=true"], "model.kwargs:", install))
+    for value, more, starts, says in cases:
         job = load_job(
             REPO / "recipes/lm_tiny.yaml",
-            [*base, f"model.kwargs.head_loss={value}", "data.tokenizer=bytes"],
+            [*base, *more, f"model.kwargs.head_loss={value}", "data.tokenizer=bytes"],
         )
         with pytest.raises(ConfigError) as info:
             preflight(job)
         message = str(info.value)
-        assert message.startswith("model.kwargs:") and says in message and "\n" not in message
+        assert message.startswith(starts) and says in message and "\n" not in message
+
+
+def test_liger_is_refused_on_the_cpu_and_allowed_on_a_gpu() -> None:
+    with pytest.raises(ValueError, match="CUDA only; on the CPU use auto, logits or chunked"):
+        check_head_loss_device("liger", on_gpu=False)
+    check_head_loss_device("liger", on_gpu=True)
+    for other in ("auto", "logits", "chunked"):
+        check_head_loss_device(other, on_gpu=False)
+
+
+def test_the_liger_path_on_cpu_tensors_is_one_clear_error() -> None:
+    """A job that reached a worker without the driver's check (its own script): the same
+    sentence, not a Triton error from inside Liger."""
+    hidden, weight = torch.randn(4, 8), torch.randn(16, 8)
+    targets = torch.randint(0, 16, (4,))
+    with pytest.raises(ValueError, match="head_loss=liger: Liger Kernel's Triton kernels"):
+        head_loss_sum(hidden, weight, targets, -100, "liger")

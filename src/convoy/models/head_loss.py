@@ -29,6 +29,10 @@ FUSED_FROM_BYTES = 6 * 2**30
 """``auto`` fuses the head and the loss when the fp32 logits would take at least this much
 (between the two measured points above: 3.3 GB full was faster, 13 GB fused was)."""
 
+LIGER_NEEDS_CUDA = (
+    "Liger Kernel's Triton kernels run on CUDA only; on the CPU use auto, logits or chunked"
+)
+
 CHUNK_ROWS = 8192
 """Rows (tokens) per chunk of the ``chunked`` path: its logits are CHUNK_ROWS x vocab in fp32."""
 
@@ -44,6 +48,14 @@ def check_head_loss(choice: str) -> None:
         raise ValueError(f"head_loss: got {choice!r}; allowed: {', '.join(HEAD_LOSSES)}")
     if choice == "liger" and not liger_available():
         raise ValueError(missing_extra("head_loss: liger", "liger-kernel", "fused"))
+
+
+def check_head_loss_device(choice: str, on_gpu: bool) -> None:
+    """A ``ValueError`` (one line) for a path that cannot run where the job trains: ``liger``
+    on the CPU. Said before the model is built, since installing the missing extra would not
+    help there."""
+    if choice == "liger" and not on_gpu:
+        raise ValueError(LIGER_NEEDS_CUDA)
 
 
 def resolve_head_loss(
@@ -102,6 +114,8 @@ def _is_sharded(weight: torch.Tensor) -> bool:
 def _liger(
     flat: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, ignore_index: int
 ) -> torch.Tensor:
+    if flat.device.type != "cuda":  # a job that bypassed the driver's check
+        raise ValueError(f"model.kwargs.head_loss=liger: {LIGER_NEEDS_CUDA}")
     # Liger is an optional extra (``pip install convoy[fused]``): Triton kernels, CUDA only.
     from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
 
