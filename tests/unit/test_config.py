@@ -146,6 +146,12 @@ BAD_INPUTS = [
         "needs run.stop_on_signal: true",
     ),
     (["checkpoint.keep_latest=0"], "checkpoint.keep_latest", "greater than 0"),
+    # A field of two types (a boolean or a name): every member's values, the field's own path.
+    (
+        ["run.compile=maybe"],
+        "run.compile",
+        "got 'maybe'; allowed: true, false, 'blocks' or 'model'",
+    ),
     (["model.name=no_such_pkg.mod:factory"], "model.name", "could not import"),
     (["run.storage_dir=gs://bucket/runs"], "run.storage_dir", "or s3://bucket/prefix"),
     (["run.storage_dir=s3:///runs"], "run.storage_dir", "needs a bucket"),

@@ -150,7 +150,12 @@ def job_to_yaml(job: Job) -> str:
 
 def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     """Turn pydantic's first error into one readable paragraph."""
-    err = exc.errors(include_url=False)[0]
+    errors = exc.errors(include_url=False)
+    err = errors[0]
+    union = _union_members(errors)
+    if union:
+        field = ".".join(str(p) for p in err["loc"][:-1])
+        return ConfigError(field, err.get("input"), "allowed: " + union)
     raw_loc = [str(p) for p in err["loc"]]
     # pydantic puts the strategy's discriminator tag into the path: strategy.ddp.comm_hook.
     loc = [
@@ -178,6 +183,34 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     if kind == "value_error":  # our own validators: the message is the allowed clause
         return ConfigError(field, value, str(err["ctx"]["error"]))
     return ConfigError(field, value, err["msg"][0].lower() + err["msg"][1:])
+
+
+def _union_members(errors: list[Any]) -> str | None:
+    """What a field typed as a union (``run.compile: bool | Literal["blocks", "model"]``)
+    accepts, from pydantic's one error per member (each with the member's tag last in its
+    path): ``true, false, 'blocks' or 'model'``. None when the first error is not a union's."""
+    first = errors[0]
+    members = [e for e in errors if e["loc"][:-1] == first["loc"][:-1] and _is_member_tag(e)]
+    if len(first["loc"]) < 2 or len(members) < 2 or not _is_member_tag(first):
+        return None
+    allowed: list[str] = []
+    for member in members:
+        if member["type"] == "literal_error":
+            allowed += member["ctx"]["expected"].replace(" or ", ", ").split(", ")
+        elif member["type"].startswith("bool"):
+            allowed += ["true", "false"]
+        else:  # "Input should be a valid integer, unable to ..." -> "a valid integer"
+            allowed.append(member["msg"].removeprefix("Input should be ").split(",")[0])
+    return ", ".join(allowed[:-1]) + " or " + allowed[-1]
+
+
+# The last path element of a union member's error: a type's tag, never a field's name.
+SCALAR_TAGS = frozenset({"bool", "int", "float", "str", "bytes", "none"})
+
+
+def _is_member_tag(error: Any) -> bool:
+    tag = str(error["loc"][-1])
+    return tag in SCALAR_TAGS or "[" in tag
 
 
 def _section_model(loc: list[str], data: dict[str, Any]) -> type[BaseModel] | None:
