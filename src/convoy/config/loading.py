@@ -152,10 +152,6 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     """Turn pydantic's first error into one readable paragraph."""
     errors = exc.errors(include_url=False)
     err = errors[0]
-    union = _union_members(errors)
-    if union:
-        field = ".".join(str(p) for p in err["loc"][:-1])
-        return ConfigError(field, err.get("input"), "allowed: " + union)
     raw_loc = [str(p) for p in err["loc"]]
     # pydantic puts the strategy's discriminator tag into the path: strategy.ddp.comm_hook.
     loc = [
@@ -165,6 +161,9 @@ def _to_config_error(exc: ValidationError, data: dict[str, Any]) -> ConfigError:
     ]
     field = ".".join(loc) or "config"
     value = err.get("input")
+    union = _union_members(errors)
+    if union:  # the member's tag ends the path: run.compile.bool
+        return ConfigError(".".join(loc[:-1]), value, "allowed: " + union)
     kind = err["type"]
     if kind == "extra_forbidden":
         parent_model = _section_model(loc[:-1], data)
