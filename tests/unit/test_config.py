@@ -208,3 +208,28 @@ def test_a_config_error_survives_pickling() -> None:
     error = pickle.loads(pickle.dumps(ConfigError("strategy.shard_size", 4, "must divide 6")))
     assert (error.field, error.value, error.allowed) == ("strategy.shard_size", 4, "must divide 6")
     assert str(error) == "strategy.shard_size: got 4; must divide 6"
+
+
+def test_a_union_error_lists_each_members_values_and_two_fields_are_not_a_union() -> None:
+    """Pydantic reports one error per member of a union, the member's tag last in the path;
+    two plain fields that fail on the same value are not read as one union."""
+    from typing import Literal
+
+    from pydantic import BaseModel, ValidationError
+
+    from convoy.config.loading import _union_members
+
+    class Section(BaseModel):
+        size: int | Literal["auto"] = "auto"
+        first: int = 0
+        second: int = 0
+
+    class Outer(BaseModel):
+        section: Section = Section()
+
+    with pytest.raises(ValidationError) as union:
+        Outer(section={"size": "big"})
+    assert _union_members(union.value.errors()) == "a valid integer or 'auto'"
+    with pytest.raises(ValidationError) as fields:  # section.first, section.second: one parent
+        Outer(section={"first": "x", "second": "x"})
+    assert _union_members(fields.value.errors()) is None
