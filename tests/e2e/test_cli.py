@@ -97,38 +97,58 @@ def test_list_names_every_registry(capsys: pytest.CaptureFixture[str]) -> None:
         assert name in out
 
 
-@pytest.mark.parametrize(
-    ("override", "expected"),
-    [
-        ("strategy.name=zero3", "strategy.name: got 'zero3'; allowed:"),
-        ("data.batch_size=33", "data.batch_size: got 33; the global batch must be divisible"),
-        ("precision=fp16", "precision: got 'fp16'; fp16 with a grad scaler needs a GPU"),
-    ],
-)
-def test_bad_input_is_one_paragraph_without_traceback(override: str, expected: str) -> None:
+BAD_INPUT = [
+    ("strategy.name=zero3", "strategy.name: got 'zero3'; allowed:"),
+    ("data.batch_size=33", "data.batch_size: got 33; the global batch must be divisible"),
+    ("precision=fp16", "precision: got 'fp16'; fp16 with a grad scaler needs a GPU"),
+]
+
+
+def assert_one_line_error(code: int, err: str, expected: str) -> None:
+    assert code == 2
+    assert err.startswith("convoy: error: " + expected)
+    assert "Traceback" not in err
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("override", "expected"), BAD_INPUT)
+def test_bad_input_is_one_paragraph_without_traceback(
+    override: str, expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``main`` in this process: the CLI's error path is what is tested, not its start."""
+    code = main(["train", DEFAULT, "-o", override])
+    out, err = capsys.readouterr()
+    assert_one_line_error(code, err, expected)
+    assert out == ""  # nothing started
+
+
+def test_python_m_convoy_prints_bad_input_alone_and_exits_2() -> None:
+    """The installed entry (``python -m convoy``) in a process of its own: the one line is all
+    of stderr (no warning of an import above it), the exit code is the process's."""
+    override, expected = BAD_INPUT[0]
     result = run_cli("train", DEFAULT, "-o", override)
-    assert result.returncode == 2
-    assert result.stderr.startswith("convoy: error: " + expected)
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert_one_line_error(result.returncode, result.stderr, expected)
     assert result.stdout == ""  # nothing started
 
 
-def test_a_run_directory_that_is_a_file_is_one_line_and_untouched(tmp_path: Path) -> None:
+def test_a_run_directory_that_is_a_file_is_one_line_and_untouched(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     blocker = tmp_path / "exp1"
     blocker.write_text("not a run")
-    result = run_cli(
-        "train",
-        DEFAULT,
-        *("-o", "scaling.launcher=local", "-o", "scaling.num_workers=1"),
-        *("-o", f"run.storage_dir={tmp_path}", "-o", "run.name=exp1"),
+    code = main(
+        [
+            "train",
+            DEFAULT,
+            *("-o", "scaling.launcher=local", "-o", "scaling.num_workers=1"),
+            *("-o", f"run.storage_dir={tmp_path}", "-o", "run.name=exp1"),
+        ]
     )
-    assert result.returncode == 2
-    assert "Traceback" not in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
-    assert result.stderr.startswith(
-        f"convoy: error: run.name: got 'exp1'; the run's directory {blocker} is a file, not a "
-        "folder; choose another run.name or move that file away"
+    assert_one_line_error(
+        code,
+        capsys.readouterr().err,
+        f"run.name: got 'exp1'; the run's directory {blocker} is a file, not a folder; choose "
+        "another run.name or move that file away",
     )
     assert blocker.read_text() == "not a run"
     assert [p.name for p in tmp_path.iterdir()] == ["exp1"]  # nothing written beside it
@@ -154,17 +174,14 @@ def test_convoy_imports_and_trains_without_ray(tmp_path: Path) -> None:
     assert result.stdout.strip().splitlines()[-1] == "359"
 
 
-def test_ray_launcher_without_ray_says_how_to_install(tmp_path: Path) -> None:
-    script = (
-        "import sys; sys.modules['ray'] = None\n"
-        "from convoy.cli import main\n"
-        f"raise SystemExit(main(['train', '-o', 'model.name=mlp', '-o', 'run.storage_dir={tmp_path}']))\n"
-    )
-    result = subprocess.run(
-        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120
-    )
-    assert result.returncode == 2
-    assert result.stderr.strip() == (
+def test_ray_launcher_without_ray_says_how_to_install(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ray made unimportable in this process (as a missing package looks to an import)."""
+    monkeypatch.setitem(sys.modules, "ray", None)
+    code = main(["train", "-o", "model.name=mlp", "-o", f"run.storage_dir={tmp_path}"])
+    assert code == 2
+    assert capsys.readouterr().err.strip() == (
         "convoy: error: scaling.launcher: got 'ray'; the ray launcher needs ray (the 'ray' "
         "extra): pip install 'convoy[ray]' (in a checkout: make run), or use 'local' / 'torchrun'"
     )
