@@ -19,6 +19,7 @@ from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 import convoy
 from convoy.checkpoint import checkpoint_root, committed_checkpoints
+from convoy.cli import main
 from convoy.config import load_job
 from convoy.engine.stop import STOPPED_EXIT_CODE
 
@@ -55,10 +56,27 @@ def overrides(storage: Path, name: str, layout: list[str], *extra: str) -> list[
     ]
 
 
+def train_args(storage: Path, name: str, layout: list[str], *extra: str) -> list[str]:
+    """``convoy train``'s arguments on ``overrides(...)``."""
+    parts = [part for o in overrides(storage, name, layout, *extra) for part in ("-o", o)]
+    return ["train", str(RECIPE), *parts]
+
+
 def command(storage: Path, name: str, layout: list[str], *extra: str) -> list[str]:
-    """``convoy train`` on ``overrides(...)``: the process a test stops and resumes."""
-    args = [sys.executable, "-m", "convoy", "train", str(RECIPE)]
-    return args + [part for o in overrides(storage, name, layout, *extra) for part in ("-o", o)]
+    """``convoy train`` on ``overrides(...)`` as a process of its own: what a test sends a
+    signal to, and the same command that resumes it."""
+    return [sys.executable, "-m", "convoy", *train_args(storage, name, layout, *extra)]
+
+
+def in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """``convoy train`` through ``cli.main`` in this process, for a run stopped by an injected
+    notice (no signal): the CLI's exit code and its output, with what torchrun's workers
+    printed. Saves a process's imports where the stop, not the command's start, is tested."""
+    capfd.readouterr()
+    code = main(args)
+    out, err = capfd.readouterr()
+    sys.stdout.write(out[-3000:])  # shown with a failure
+    return code, out + err
 
 
 def logged_steps(run_dir: Path) -> list[int]:
@@ -140,38 +158,40 @@ def test_sigterm_saves_the_finished_step_and_the_same_command_resumes(
         assert torch.equal(tensor, got[name]), name
 
 
-def stop_run(args: list[str], **kwargs: object) -> subprocess.CompletedProcess[str]:
-    run = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S, **kwargs)  # type: ignore[call-overload]
-    assert run.returncode == STOPPED_EXIT_CODE, run.stderr[-3000:]
-    return run
-
-
-def output_of(run: subprocess.CompletedProcess[str]) -> str:
-    return run.stdout + run.stderr
+def stop_run(args: list[str], capfd: pytest.CaptureFixture[str]) -> str:
+    """Run ``args`` in this process: it stops with the "stopped" code; its output."""
+    code, output = in_process(args, capfd)
+    assert code == STOPPED_EXIT_CODE, output[-3000:]
+    return output
 
 
 def assert_resumes_exactly(
-    args: list[str], run_dir: Path, expected: dict[str, torch.Tensor], tmp: Path
+    args: list[str],
+    run_dir: Path,
+    expected: dict[str, torch.Tensor],
+    tmp: Path,
+    capfd: pytest.CaptureFixture[str],
 ) -> str:
     """Run ``args`` again: it finishes, and its final weights equal ``expected``."""
-    resumed = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    code, output = in_process(args, capfd)
+    assert code == 0, output[-3000:]
     got = final_weights(run_dir, tmp / "resumed.pt")
     for name, tensor in expected.items():
         assert torch.equal(tensor, got[name]), name
-    return resumed.stdout
+    return output
 
 
 def test_a_notice_to_one_rank_with_a_deadline_saves_on_every_rank(
     straight_weights,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
     """``fault.kind: preempt`` on rank 1 of 2: rank 0 learns of it at the next boundary,
     both save the same step well before the deadline, and the resume repeats no step."""
     layout = LAYOUTS["torchrun"]
     notice = ("fault.kind=preempt", "fault.rank=1", "fault.at_step=6", "fault.deadline_s=60")
-    args = command(tmp_path, "noticed", layout, *notice)
-    err = output_of(stop_run(args))
+    args = train_args(tmp_path, "noticed", layout, *notice)
+    err = stop_run(args, capfd)
     run_dir = tmp_path / "noticed"
     stop_step = logged_steps(run_dir)[-1]
     line = next(line for line in err.splitlines() if "convoy: stopped on" in line)
@@ -180,23 +200,22 @@ def test_a_notice_to_one_rank_with_a_deadline_saves_on_every_rank(
     assert f"after step {stop_step}: checkpoint step_{stop_step:08d} committed in" in line
     assert "before the deadline" in line
     assert stop_step in (6, 7)  # read at the boundary after the one it came before
-    assert_resumes_exactly(args, run_dir, straight_weights("torchrun"), tmp_path)
+    assert_resumes_exactly(args, run_dir, straight_weights("torchrun"), tmp_path, capfd)
     assert logged_steps(run_dir) == list(range(1, STEPS + 1))
 
 
 def test_with_restarts_torchrun_resumes_from_the_save_by_itself(
     straight_weights,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
     """``scaling.max_failures: 1`` (torchrun's ``--max-restarts``): the workers save and
     exit "stopped", the agent starts them again, and they resume from that save in the same
     ``convoy train``, which then succeeds."""
     layout = [*LAYOUTS["torchrun"], "scaling.max_failures=1"]
     notice = ("fault.kind=preempt", "fault.rank=1", "fault.at_step=6", "fault.deadline_s=60")
-    args = command(tmp_path, "restarted", layout, *notice)
-    run = subprocess.run(args, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
-    assert run.returncode == 0, run.stderr[-3000:]
-    output = output_of(run)
+    code, output = in_process(train_args(tmp_path, "restarted", layout, *notice), capfd)
+    assert code == 0, output[-3000:]
     run_dir = tmp_path / "restarted"
     stopped = next(line for line in output.splitlines() if "convoy: stopped on" in line)
     saved = stopped.split("checkpoint ")[1].split()[0]
@@ -211,14 +230,15 @@ def test_with_restarts_torchrun_resumes_from_the_save_by_itself(
 
 def test_a_notice_shorter_than_a_save_resumes_from_the_last_checkpoint(
     straight_weights,
-    tmp_path: Path,  # type: ignore[no-untyped-def]
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],  # type: ignore[no-untyped-def]
 ) -> None:
     """A deadline already past: no save is started (so none is left half-written), the run
     says so, and the same command resumes from the last periodic checkpoint."""
     layout = [*LAYOUTS["local"], "checkpoint.every_steps=4"]
     notice = ("fault.kind=preempt", "fault.at_step=6", "fault.deadline_s=0")
-    args = command(tmp_path, "late", layout, *notice)
-    err = output_of(stop_run(args))
+    args = train_args(tmp_path, "late", layout, *notice)
+    err = stop_run(args, capfd)
     run_dir = tmp_path / "late"
     line = next(line for line in err.splitlines() if "convoy: stopped on" in line)
     print(f"\n{line}")
@@ -226,14 +246,16 @@ def test_a_notice_shorter_than_a_save_resumes_from_the_last_checkpoint(
     assert "resumes from step_00000004, the last checkpoint" in line
     assert "convoy: to resume: convoy train" in err
     assert sorted(p.name for p in checkpoint_root(run_dir).iterdir()) == ["step_00000004"]
-    out = assert_resumes_exactly(args, run_dir, straight_weights("local"), tmp_path)
+    out = assert_resumes_exactly(args, run_dir, straight_weights("local"), tmp_path, capfd)
     assert "resumed from step_00000004" in out
     # Steps 5 and 6 are trained again: what a notice too short to save costs.
     assert logged_steps(run_dir) == [*range(1, 7), *range(5, STEPS + 1)]
 
 
-def test_without_checkpoints_a_stop_says_to_start_again(tmp_path: Path) -> None:
-    args = command(
+def test_without_checkpoints_a_stop_says_to_start_again(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    args = train_args(
         tmp_path,
         "unsaved",
         LAYOUTS["local"],
@@ -241,7 +263,7 @@ def test_without_checkpoints_a_stop_says_to_start_again(tmp_path: Path) -> None:
         "fault.kind=preempt",
         "fault.at_step=3",
     )
-    err = output_of(stop_run(args))
+    err = stop_run(args, capfd)
     assert "after step 3: checkpointing is off" in err and "so nothing was saved" in err
     assert "convoy: to start again: convoy train" in err
     assert err.count("convoy: stopped on") == 1  # said once, by the loop
@@ -290,16 +312,20 @@ def slow_data(slow_split: str, seconds: float = 3.0):
 
 @pytest.mark.parametrize("slow_split", ["val", "train"])
 def test_a_signal_during_validation_or_a_data_wait_is_acted_on(
-    slow_split: str, tmp_path: Path
+    slow_split: str,
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """SIGTERM while validation, or a step's data, waits on a slow read: the wait ends, the
-    run saves the step it finished and stops; the resume repeats no step."""
+    run saves the step it finished and stops; the resume (in this process: it is sent no
+    signal) repeats no step."""
     (tmp_path / "slow_data.py").write_text(SLOW_DATA)
     marks = tmp_path / "marks"
     marks.mkdir()
     env = {**os.environ, "PYTHONPATH": str(tmp_path), "SLOW_DATA_MARKS": str(marks)}
-    args = [
-        sys.executable, "-m", "convoy", "train", str(REPO / "recipes" / "user_module.yaml"),
+    train = [
+        "train", str(REPO / "recipes" / "user_module.yaml"),
         *(part for override in [
             *LAYOUTS["local"],
             "data.name=slow_data:slow_data",
@@ -313,6 +339,7 @@ def test_a_signal_during_validation_or_a_data_wait_is_acted_on(
             "checkpoint.every_steps=100",  # checkpointing on; none due before the stop
         ] for part in ("-o", override)),
     ]  # fmt: skip
+    args = [sys.executable, "-m", "convoy", *train]
     process = subprocess.Popen(
         args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
@@ -332,8 +359,14 @@ def test_a_signal_during_validation_or_a_data_wait_is_acted_on(
     assert f"after step {stop_step}: checkpoint step_{stop_step:08d} committed" in line
     if slow_split == "val":  # acted on when validation ends: the epoch's last step
         assert stop_step == 10  # 320 rows, batch 32
-    resumed = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True,
-                             timeout=RUN_TIMEOUT_S)  # fmt: skip
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert f"resumed from step_{stop_step:08d}" in resumed.stdout
+    # As the command ran: from the repository, the user's data module on the path (imported
+    # afresh, for this test's marks), its one slow read already marked done.
+    monkeypatch.chdir(REPO)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("SLOW_DATA_MARKS", str(marks))
+    monkeypatch.delitem(sys.modules, "slow_data", raising=False)
+    code, output = in_process(train, capfd)
+    sys.modules.pop("slow_data", None)
+    assert code == 0, output[-3000:]
+    assert f"resumed from step_{stop_step:08d}" in output
     assert logged_steps(run_dir) == list(range(1, 31))  # none lost, none repeated
