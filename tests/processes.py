@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -65,3 +66,21 @@ def is_alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def survivors(find: Callable[[], list[int]], timeout: float) -> list[int]:
+    """The live processes ``find`` still names after up to ``timeout`` seconds of waiting for
+    them to end (a guard against a hang, not a measurement): empty once all are gone."""
+    deadline = time.monotonic() + timeout
+    while True:
+        alive = [pid for pid in find() if is_alive(pid)]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
+
+
+def command_line(pid: int) -> str:
+    """``pid``'s arguments joined by spaces (empty when it is gone), for a failure message."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode().strip()
+    return ""

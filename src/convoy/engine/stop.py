@@ -88,19 +88,20 @@ class StopRequested(ConvoyError):
 @contextlib.contextmanager
 def forwarded_to(process: subprocess.Popen[Any]) -> Iterator[None]:
     """While inside, a stop signal to this process (``convoy train`` driving torchrun) is
-    passed on to ``process`` as SIGTERM: torchrun's agent sends its workers SIGTERM and
-    waits for them, and they save and stop as above (it would die of a SIGUSR1)."""
+    passed on to ``process``: SIGINT as itself, so the workers' line says what the user did,
+    the others as SIGTERM (torchrun's agent would die of a SIGUSR1). The agent sends its
+    workers the same signal and waits for them, and they save and stop as above."""
 
     def forward(signum: int, frame: Any) -> None:
         if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
 
-    with _handling(forward):
+    with handling_stop_signals(forward):
         yield
 
 
 @contextlib.contextmanager
-def _handling(handler: Callable[[int, Any], None]) -> Iterator[None]:
+def handling_stop_signals(handler: Callable[[int, Any], None]) -> Iterator[None]:
     """``handler`` for every stop signal while inside, then the handlers that were there. In
     the main thread only: Python delivers signals to no other."""
     if threading.current_thread() is not threading.main_thread():
@@ -145,6 +146,15 @@ class NoticeSource(Protocol):
     def confirm(self, notice: StopNotice) -> StopNotice:
         """The agreed ``notice`` as the launcher sees it (which node, which ranks, its
         deadline), asked once on every rank after the agreement (it may be a collective)."""
+
+
+def signal_notice(signum: int, grace_s: float | None) -> StopNotice:
+    """The notice a stop signal gives: named after it, with a deadline ``grace_s`` after it
+    came (None: unknown)."""
+    now = time.time()
+    return StopNotice(
+        signal.Signals(signum).name, now, now + grace_s if grace_s is not None else None
+    )
 
 
 def grace_period_s() -> float | None:
@@ -203,7 +213,7 @@ class StopWatch:
             yield self
             return
         try:
-            with _handling(self._record):
+            with handling_stop_signals(self._record):
                 yield self
         finally:
             self.settle()
@@ -211,9 +221,7 @@ class StopWatch:
     def _record(self, signum: int, frame: Any) -> None:
         if signum == signal.SIGINT and self.notice is not None:
             raise KeyboardInterrupt  # a second Ctrl-C: stop now, without a checkpoint
-        now = time.time()
-        deadline = now + self.grace_s if self.grace_s is not None else None
-        self.request(StopNotice(signal.Signals(signum).name, now, deadline))
+        self.request(signal_notice(signum, self.grace_s))
 
     def request(self, notice: StopNotice) -> None:
         """Record ``notice`` unless one came first (the first request is the one acted on)."""

@@ -19,6 +19,7 @@ from typing import Any
 
 from convoy.config import Job, RayLauncherConfig, world_sizes
 from convoy.data.ray_data import build_ray_data
+from convoy.engine.stop import STOPPED_FILE, StopRequested
 from convoy.errors import LaunchError, ResourceError
 from convoy.imports import missing_extra
 from convoy.launchers.base import (
@@ -42,6 +43,7 @@ from convoy.launchers.ray_local import (
     user_started_cluster,
     worker_niceness,
 )
+from convoy.launchers.ray_stop import DriverStop
 from convoy.launchers.ray_worker import ray_worker_main
 from convoy.outputs import read_summary, write_config
 
@@ -316,13 +318,15 @@ def build_trainer(
     callbacks: tuple[Any, ...] = (),
     private_ray: bool = False,
     sole_run: bool = False,
+    stop_key: str | None = None,
 ) -> Any:
     """Ray Train's ``TorchTrainer`` for ``job``: ``entry`` on every worker, the run directory as
     the experiment directory (so Ray's ``get_checkpoint`` resumes it), ``callbacks`` (Ray Train
     ``UserCallback``s such as Tune's ``TuneReportCallback``) on the controller.
     ``private_ray``: the run's own one-node Ray (no autoscaler to ask, no drain notices to
     watch); ``sole_run``: the driver exits with this run (``convoy train``, not a Tune
-    trial)."""
+    trial); ``stop_key``: where the driver writes a stop signal's request for the workers
+    (``convoy.launchers.ray_stop``), in place of Ray Train's Ctrl-C handler."""
     from ray.train import DataConfig, ScalingConfig
 
     # ray_torch imports Ray Train at its top: here, it keeps the ray extra optional.
@@ -332,6 +336,7 @@ def build_trainer(
         "job": job.model_dump(mode="json"),
         "entry": entry.to_dict(),
         "niceness": worker_niceness(job.scaling.ray),
+        "stop_key": stop_key,
     }
     data: dict[str, Any] = {}
     if job.data_from_driver:
@@ -343,6 +348,7 @@ def build_trainer(
         prometheus=prometheus_enabled(job),
         private_ray=private_ray,
         sole_run=sole_run,
+        signals_handled=stop_key is not None,
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,
@@ -400,41 +406,52 @@ class RayLauncher(Launcher):
         takes seconds (starting a private Ray, 4-5 s here; the checks import torch and build
         the model and data), and neither needs the other. A bad job still fails before any
         worker starts, and with its own error even when Ray fails too. Where the run writes
-        is checked first, before Ray starts: it takes a few file-system calls."""
+        is checked first, before Ray starts: it takes a few file-system calls. A stop signal
+        from here on stops the run as under ``local`` (``convoy.launchers.ray_stop``)."""
         check_run_location(job)
         ray = import_ray()
-        with ThreadPoolExecutor(1, thread_name_prefix="convoy-check") as pool:
-            checking = pool.submit(self.check, job, entry)
-            try:
-                started = ensure_ray(
-                    ray,
-                    self.cluster,
-                    settings=job.scaling.ray,
-                    metrics=job.monitor.prometheus is True,
-                )
-            except BaseException:
-                checking.result()
-                raise
-            try:
-                checked, entry = checking.result()
-            except BaseException:
-                if started:
-                    ray.shutdown()
-                raise
-        return self.run_on(ray, started, checked, entry)
+        stop = DriverStop()
+        with stop.listening(job.run.stop_on_signal):
+            with ThreadPoolExecutor(1, thread_name_prefix="convoy-check") as pool:
+                checking = pool.submit(self.check, job, entry)
+                try:
+                    started = ensure_ray(
+                        ray,
+                        self.cluster,
+                        settings=job.scaling.ray,
+                        metrics=job.monitor.prometheus is True,
+                    )
+                except BaseException:
+                    checking.result()
+                    raise
+                try:
+                    checked, entry = checking.result()
+                except BaseException:
+                    if started:
+                        ray.shutdown()
+                    raise
+            return self.run_on(ray, started, checked, entry, stop)
 
     def start(self, job: Job, entry: WorkerEntry = TRAIN) -> RunResult:
         ray = import_ray()
-        started = ensure_ray(
-            ray, self.cluster, settings=job.scaling.ray, metrics=job.monitor.prometheus is True
-        )
-        return self.run_on(ray, started, job, entry)
+        stop = DriverStop()
+        with stop.listening(job.run.stop_on_signal):
+            started = ensure_ray(
+                ray, self.cluster, settings=job.scaling.ray, metrics=job.monitor.prometheus is True
+            )
+            return self.run_on(ray, started, job, entry, stop)
 
     def run_on(
-        self, ray: Any, started: RayConnection | None, job: Job, entry: WorkerEntry
+        self,
+        ray: Any,
+        started: RayConnection | None,
+        job: Job,
+        entry: WorkerEntry,
+        stop: DriverStop | None = None,
     ) -> RunResult:
         """Run a checked ``job`` on the Ray ``ensure_ray`` connected to; stop the connection
-        after if it made one."""
+        after if it made one. ``stop``: the stop signals this driver listens for, which the
+        workers act on."""
         try:
             # A cluster Convoy did not start can gain nodes while an elastic run grows onto it.
             shared = started is not None and not started.private
@@ -448,10 +465,23 @@ class RayLauncher(Launcher):
                 update={"prometheus": prometheus_enabled(job, private=private)}
             )
             job = job.model_copy(update={"monitor": monitor})
-            fit(build_trainer(job, entry, private_ray=private, sole_run=True), job)
+            trainer = build_trainer(
+                job,
+                entry,
+                private_ray=private,
+                sole_run=True,
+                stop_key=stop.workers_key if stop else None,
+            )
+            if stop is not None:
+                stop.publish_from_now()
+            fit(trainer, job)
         finally:
             if started:
                 ray.shutdown()
+        if stop is not None and stop.notice is not None and storage.exists(STOPPED_FILE):
+            # Rank 0's line, said here: Ray's copy of it is kept off the terminal (it could
+            # arrive after this process has ended).
+            raise StopRequested(storage.read_text(STOPPED_FILE))
         return RunResult(storage.uri, read_summary(storage.uri))
 
 

@@ -442,6 +442,9 @@ SHOWN_ACTORS = ("RayTrainWorker", "ImplicitFunc")
 INFO_MARKER = ":info_message:"  # ray_constants.LOG_PREFIX_INFO_MESSAGE
 # Ray Train's own note from every worker at start-up, which says nothing the run does not.
 WORKER_NOISE = ("Setting up process group for:",)
+# Rank 0's line after a stop signal to the driver, which the driver says itself as it ends
+# (convoy.launchers.ray_stop): forwarded, it could come after the driver has exited.
+DRIVER_STOP_LINE = re.compile(r"^convoy: stopped on SIG[A-Z0-9]+ ")
 # The controller's lines a user wants: where the workers are, and when the group resizes.
 CONTROLLER_SHOWN = re.compile(r"worker group of size \d+|^- \(ip=")
 
@@ -495,7 +498,11 @@ def line_filter(actor: str) -> Callable[[str], bool]:
     """Which of an actor's lines belong on the terminal."""
     if actor.startswith(SHOWN_ACTORS):
         # All but Ray's own notes (they carry its info-message marker) and start-up note.
-        return lambda line: INFO_MARKER not in line and not line.startswith(WORKER_NOISE)
+        return lambda line: (
+            INFO_MARKER not in line
+            and not line.startswith(WORKER_NOISE)
+            and DRIVER_STOP_LINE.match(line) is None
+        )
     if actor.startswith("TrainController"):
         return lambda line: CONTROLLER_SHOWN.search(line) is not None
     return lambda line: False

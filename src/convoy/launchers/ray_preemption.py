@@ -34,6 +34,7 @@ from typing import Any, NoReturn
 
 from convoy.engine.stop import StopNotice, StopRequested
 from convoy.errors import LaunchError
+from convoy.launchers.ray_stop import DriverStopReader
 
 NO_RESTART_AFTER_S = 60.0
 """How long past the deadline a worker waits for Ray Train's restart before giving up: the
@@ -41,22 +42,26 @@ controller ends the group as soon as the deadline (plus ``preemption_grace_s``) 
 
 
 class RayPreemptionNotices:
-    """Ray Train's preemption notices as the loop's ``NoticeSource``.
+    """Ray Train's preemption notices, and the driver's stop requests, as the loop's
+    ``NoticeSource``.
 
     ``relax``: ``scaling.relax_collectives_on_preemption`` (ddp: every rank holds the whole
-    model), under which the ranks off the preempted node save without it.
+    model), under which the ranks off the preempted node save without it. ``driver``: where
+    the driver's stop request is read (``convoy.launchers.ray_stop``), if it makes one.
     """
 
-    def __init__(self, relax: bool = False) -> None:
+    def __init__(self, relax: bool = False, driver: DriverStopReader | None = None) -> None:
         self.relax = relax
+        self.driver = driver
 
     def poll(self) -> StopNotice | None:
-        """Ray Train's preemption mark on this worker (no collective)."""
+        """Ray Train's preemption mark on this worker (no collective), else the driver's
+        request."""
         from ray.train.v2._internal.execution.context import get_train_context
 
         info = get_train_context().preemption_context.preemption_info
         if info is None:
-            return None
+            return self.driver.poll() if self.driver is not None else None
         return StopNotice(f"preemption of {_nodes(info)}", time.time(), _deadline(info))
 
     def confirm(self, notice: StopNotice) -> StopNotice:

@@ -106,9 +106,11 @@ class ConvoyTorchTrainer(TorchTrainer):
         prometheus: bool = False,
         private_ray: bool = False,
         sole_run: bool = False,
+        signals_handled: bool = False,
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        self._signals_handled = signals_handled
         self._prometheus = prometheus
         self._private_ray = private_ray
         self._sole_run = sole_run
@@ -140,6 +142,13 @@ class ConvoyTorchTrainer(TorchTrainer):
         if self._preemption_watcher:
             kept.append(DeferredPreemptionCallback())
         return kept
+
+    def _register_sigint_handler(self, controller: Any) -> None:
+        """Ray Train's Ctrl-C handler aborts the run, losing the steps since the last
+        checkpoint; with ``signals_handled`` the launcher's (``convoy.launchers.ray_stop``)
+        stays in its place, and the workers save the step they finish."""
+        if not self._signals_handled:
+            super()._register_sigint_handler(controller)  # type: ignore[misc]
 
     def _initialize_and_run_controller(self, **controller_kwargs: Any) -> Any:
         policy = controller_kwargs["scaling_policy"]

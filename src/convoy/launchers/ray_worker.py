@@ -25,6 +25,7 @@ from convoy.launchers.ray_local import (
     set_process_niceness,
 )
 from convoy.launchers.ray_preemption import RayPreemptionNotices, wait_for_preemption
+from convoy.launchers.ray_stop import DriverStopReader, from_driver
 
 
 def ray_worker_main(config: dict[str, Any]) -> None:
@@ -52,7 +53,9 @@ def ray_worker_main(config: dict[str, Any]) -> None:
         cpus=ray.get_runtime_context().get_assigned_resources().get("CPU"),
         checkpoint_reporter=functools.partial(report_checkpoint, job, reports),
         resume_from=_ray_latest_checkpoint(),
-        stop_notices=RayPreemptionNotices(job.scaling.relax_collectives_on_preemption),
+        stop_notices=RayPreemptionNotices(
+            job.scaling.relax_collectives_on_preemption, DriverStopReader(config.get("stop_key"))
+        ),
         sinks=(reports, *_prometheus_sinks(job, context.get_world_rank())),
     )
     if "ray_data" in config:
@@ -61,6 +64,8 @@ def ray_worker_main(config: dict[str, Any]) -> None:
     try:
         summary = WorkerEntry.from_dict(config["entry"]).run(job, ctx)
     except StopRequested as stopped:
+        if from_driver(stopped.notice):
+            return  # saved and said; the driver, which asked, ends the run as stopped
         wait_for_preemption(stopped, ctx.rank)
     # The last report: the run's final metrics (rank 0's copy reaches Result.metrics).
     reports.finish(dict(summary.get("metrics", {})))

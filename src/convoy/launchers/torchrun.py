@@ -126,6 +126,46 @@ def torchrun_command(
     return [*command, *worker]
 
 
+AGENT_FLAG = "--agent"
+
+
+def agent_command(command: list[str]) -> list[str]:
+    """``torchrun_command``'s line run by this module's ``agent_main``: torchrun's own agent,
+    quiet when a stop signal ends it."""
+    return [sys.executable, "-m", "convoy.launchers.torchrun", AGENT_FLAG, *command[3:]]
+
+
+# torchrun's agent's lines on a stop signal, which say what Convoy's line says after it.
+STOP_LOG_LINES = (
+    "Received %s death signal, shutting down workers",
+    "Sending process %s closing signal %s",
+)
+
+
+def agent_main(argv: list[str]) -> None:
+    """torchrun (``torch.distributed.run``'s main) on ``argv``. A stop signal ends it as it
+    ends torchrun: the agent sends its workers the signal and waits for them, and they save
+    and say so; then it exits with 128 + the signal's number, without the traceback of its
+    ``SignalException`` or its log lines about the signal."""
+    import logging
+
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.run import main
+
+    def not_a_stop_line(record: logging.LogRecord) -> bool:
+        return record.msg not in STOP_LOG_LINES
+
+    for name in (
+        "torch.distributed.elastic.agent.server.api",
+        "torch.distributed.elastic.multiprocessing.api",
+    ):
+        logging.getLogger(name).addFilter(not_a_stop_line)
+    try:
+        main(argv)
+    except SignalException as stopped:
+        sys.exit(128 + int(stopped.sigval))
+
+
 def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
     """The workers' environment: gloo / NCCL on the interface of this node's address."""
     local_addr = node_address(job, endpoint)
@@ -147,14 +187,20 @@ class TorchrunLauncher(Launcher):
             # Workers read the resolved config from a local file, wherever the run is stored.
             config_path = Path(scratch) / CONFIG_FILE
             config_path.write_text(job_to_yaml(job))
+            # In a session of its own, as torchrun starts its workers: a terminal's Ctrl-C
+            # reaches only this process, which passes it on once (``forwarded_to``). Also
+            # reached itself, the agent got it twice, and the second interrupted its wait for
+            # the saving workers with a traceback.
             process = subprocess.Popen(
-                torchrun_command(job, config_path, endpoint, entry),
+                agent_command(torchrun_command(job, config_path, endpoint, entry)),
                 env=worker_environment(job, endpoint),
+                start_new_session=True,
             )
             with forwarded_to(process):
                 returncode = process.wait()
         if returncode != 0 and storage.exists(STOPPED_FILE):
-            raise StopRequested(storage.read_text(STOPPED_FILE))
+            # Rank 0 wrote it after printing the same line: said once.
+            raise StopRequested(storage.read_text(STOPPED_FILE), shown=True)
         if returncode != 0:
             raise LaunchError(
                 f"torchrun exited with code {returncode}; the workers' output is above"
@@ -194,4 +240,7 @@ def worker_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    worker_main(sys.argv[1:])
+    if sys.argv[1:2] == [AGENT_FLAG]:
+        agent_main(sys.argv[2:])
+    else:
+        worker_main(sys.argv[1:])
