@@ -1,4 +1,4 @@
-"""MetricsManager: a task's torchmetrics per split, synchronized over every rank.
+"""MetricsManager: a task's metrics per split, reduced over every rank.
 
 Ray Train keeps only rank 0's reported metrics; here each metric's state (sums and counts,
 not averages) is reduced over all ranks when computed, so a metric is the one a single
@@ -6,35 +6,40 @@ process would compute on the whole split. The loss is the task's loss *sum* accu
 float64 with its count (samples or tokens), so the distributed mean matches the
 single-process one to rounding.
 
-A step's bookkeeping must cost microseconds, not the milliseconds a torchmetrics ``update``
-costs per call: the loss sum and the row count are added to their states in place, and the
-task's metrics receive their inputs in batches (``PendingInputs``): one ``update`` over
-several steps' predictions, concatenated, gives the same counts and sums as one update a step.
+The built-in tasks' metrics are ``convoy.tasks.metrics.SumMetric`` s: every one of a split's
+states is summed over the ranks at once (one all-reduce per dtype). A user's task may return
+torchmetrics ``Metric`` s instead, or beside them: those reduce their own states in
+``compute``. Either way ``torchmetrics`` is imported only by a task that uses it.
+
+A step's bookkeeping must cost microseconds, not milliseconds: the loss sum and the row count
+are added to their states in place, and the task's metrics receive their inputs in batches
+(``PendingInputs``): one ``update`` over several steps' predictions, concatenated, gives the
+same counts and sums as one update a step.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Sequence
 from typing import Any
 
 import torch
-from torchmetrics import Metric, MetricCollection
 
 from convoy.batches import batch_rows
 from convoy.tasks.base import Task
+from convoy.tasks.metrics import SumMetric, all_reduce_states
 
 
-class LossSum(Metric):
+class LossSum(SumMetric):
     """A float64 loss sum and the count it is summed over; ``compute`` is their ratio."""
 
-    full_state_update = False
     total: torch.Tensor
     count: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
-        self.add_state("total", torch.tensor(0.0, dtype=torch.float64), dist_reduce_fx="sum")
-        self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("total", (), torch.float64)
+        self.add_state("count", (), torch.long)
 
     def update(self, loss_sum: torch.Tensor, count: torch.Tensor) -> None:
         self.total += loss_sum.detach().double()
@@ -43,29 +48,54 @@ class LossSum(Metric):
     def compute(self) -> dict[str, torch.Tensor]:
         return {"loss": self.total / self.count.clamp_min(1), "count": self.count}
 
-    def add(self, loss_sum: torch.Tensor, count: torch.Tensor) -> None:
-        """``update`` without torchmetrics' per-call wrapper (the same in-place sums)."""
-        self.total += loss_sum.detach().double()
-        self.count += count.detach().long()
-        self._update_count += 1
-        self._computed = None
 
-
-class RowCount(Metric):
+class RowCount(SumMetric):
     """How many samples were counted over all ranks (proves each was counted once)."""
 
-    full_state_update = False
     count: torch.Tensor
 
     def __init__(self) -> None:
         super().__init__()
-        self.add_state("count", torch.tensor(0, dtype=torch.long), dist_reduce_fx="sum")
+        self.add_state("count", (), torch.long)
 
     def update(self, rows: int) -> None:
         self.count += rows
 
     def compute(self) -> torch.Tensor:
         return self.count
+
+
+class TaskMetrics:
+    """A task's named metrics, updated with the same inputs: Convoy's ``SumMetric`` s (reduced
+    together in ``compute``) and any others, such as torchmetrics (each reduces itself)."""
+
+    def __init__(self, metrics: dict[str, Any], device: torch.device) -> None:
+        self.metrics = {name: metric.to(device) for name, metric in metrics.items()}
+        self.sums = [m for m in self.metrics.values() if isinstance(m, SumMetric)]
+
+    def __bool__(self) -> bool:
+        return bool(self.metrics)
+
+    def update(self, *inputs: Any) -> None:
+        for metric in self.metrics.values():
+            metric.update(*inputs)
+
+    def compute(self, reduced: Sequence[SumMetric] = ()) -> dict[str, float]:
+        """Every metric's value over every rank; ``reduced``: other sums (the split's loss and
+        rows) to reduce in the same all-reduce."""
+        all_reduce_states([*reduced, *self.sums])
+        values: dict[str, float] = {}
+        for name, metric in self.metrics.items():
+            value = metric.compute()
+            if isinstance(value, dict):  # a torchmetrics collection or a multi-valued metric
+                values |= {key: float(v) for key, v in value.items()}
+            else:
+                values[name] = float(value)
+        return values
+
+    def reset(self) -> None:
+        for metric in self.metrics.values():
+            metric.reset()
 
 
 PENDING_BYTES = 16 * 2**20
@@ -75,12 +105,12 @@ PENDING_STEPS = 64
 
 
 class PendingInputs:
-    """Metric inputs of several steps, handed to a ``MetricCollection`` as one update.
+    """Metric inputs of several steps, handed to a task's metrics as one update.
 
     Tensors are concatenated along the batch dimension; steps whose inputs cannot be (other
     trailing shapes, non-tensors) are updated one by one, in order."""
 
-    def __init__(self, collection: MetricCollection) -> None:
+    def __init__(self, collection: TaskMetrics) -> None:
         self.collection = collection
         self.items: list[tuple[Any, ...]] = []
         self.bytes = 0
@@ -138,12 +168,7 @@ class SplitMetrics:
         self.task = task
         self.loss = LossSum().to(device)
         self.rows = RowCount().to(device)
-        # compute_groups would merge metrics whose states match after the first batch (top-5
-        # and f1 can), and the merge may differ per rank: keep every metric's own state.
-        self.collection = MetricCollection(
-            task.metrics(shape, meta),  # type: ignore[arg-type]
-            compute_groups=False,
-        ).to(device)
+        self.collection = TaskMetrics(task.metrics(shape, meta), device)
         self.pending = PendingInputs(self.collection)
         self.rows_pending: int | None = None
         """Rows counted since the last ``compute`` (None: no update yet)."""
@@ -151,16 +176,18 @@ class SplitMetrics:
     def update(
         self, outputs: Any, targets: Any, loss_sum: torch.Tensor, count: torch.Tensor
     ) -> None:
-        self.loss.add(loss_sum, count)
+        self.loss.update(loss_sum, count)
         self.rows_pending = (self.rows_pending or 0) + batch_rows(targets)
         if self.collection:
             self.pending.add(tuple(self.task.metric_inputs(outputs, targets)))
 
     def compute(self) -> dict[str, float]:
+        """The split's values over every rank (a collective: every rank calls it), then reset."""
         self.pending.flush()
         if self.rows_pending is not None:
             self.rows.update(self.rows_pending)
             self.rows_pending = None
+        task_values = self.collection.compute(reduced=[self.loss, self.rows])
         loss = self.loss.compute()
         values: dict[str, float] = {
             "loss": float(loss["loss"]),
@@ -168,8 +195,7 @@ class SplitMetrics:
         }
         if self.task.count_name != "samples":
             values[self.task.count_name] = int(loss["count"])
-        if self.collection:
-            values |= {k: float(v) for k, v in self.collection.compute().items()}
+        values |= task_values
         values |= self.task.derived(values)
         for metric in (self.loss, self.rows, self.collection):
             metric.reset()

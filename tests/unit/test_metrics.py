@@ -132,3 +132,38 @@ def test_regression_reports_mse_mae_rmse_and_r2() -> None:
     assert values["test/mae"] == pytest.approx(errors.abs().mean().item())
     assert values["test/r2"] == pytest.approx(r2.item(), rel=1e-6)
     assert values["test/samples"] == 4
+
+
+def test_built_in_metrics_equal_scikit_learn_s() -> None:
+    """Convoy's sum-state metrics against scikit-learn on random data, batched."""
+    from sklearn.metrics import accuracy_score, f1_score, mean_absolute_error, r2_score
+
+    from convoy.tasks.metrics import MacroF1, MeanAbsoluteError, R2Score, TopKAccuracy
+
+    generator = torch.Generator().manual_seed(3)
+    logits = torch.randn(300, 9, generator=generator)
+    labels = torch.randint(0, 8, (300,), generator=generator)  # class 8 never a label
+    accuracy, f1, top3 = TopKAccuracy(), MacroF1(9), TopKAccuracy(k=3)
+    for chunk in range(0, 300, 70):
+        for metric in (accuracy, f1, top3):
+            metric.update(logits[chunk : chunk + 70], labels[chunk : chunk + 70])
+    predicted = logits.argmax(1)
+    seen = sorted(set(labels.tolist()) | set(predicted.tolist()))
+    assert float(accuracy.compute()) == pytest.approx(accuracy_score(labels, predicted))
+    assert float(f1.compute()) == pytest.approx(
+        f1_score(labels, predicted, average="macro", labels=seen)
+    )
+    in_top3 = (logits.topk(3, dim=1).indices == labels[:, None]).any(1).double().mean()
+    assert float(top3.compute()) == pytest.approx(float(in_top3))
+
+    targets = torch.randn(200, 3, generator=generator) * 10 + 100  # a large mean: TSS's digits
+    predictions = targets + torch.randn(200, 3, generator=generator)
+    mae, r2 = MeanAbsoluteError(), R2Score(num_outputs=3)
+    for chunk in range(0, 200, 64):
+        mae.update(predictions[chunk : chunk + 64], targets[chunk : chunk + 64])
+        r2.update(predictions[chunk : chunk + 64], targets[chunk : chunk + 64])
+    assert float(mae.compute()) == pytest.approx(mean_absolute_error(targets, predictions))
+    expected = r2_score(targets.double(), predictions.double())  # float64, as ours
+    assert float(r2.compute()) == pytest.approx(expected, rel=1e-9)
+    with pytest.raises(ValueError, match="shape\\['num_outputs'\\]"):
+        R2Score(num_outputs=2).update(predictions, targets)

@@ -4,7 +4,8 @@ A task turns the model's outputs on one batch into a loss *sum* and the count it
 over (samples for classification and regression, real tokens for language modeling). The
 engine divides by the count of the whole global batch, summed over ranks and accumulation
 micro-steps, so a mean is the same whatever the world size, the micro-batch split or the
-padding. A task also builds its torchmetrics (reduced over every rank as sums and counts),
+padding. A task also builds its metrics (reduced over every rank as sums and counts:
+``convoy.tasks.metrics``, or torchmetrics for a user's task),
 names the metrics the progress line shows, says which metrics may rank checkpoints, and checks
 that a model's output fits the data before any worker starts.
 
@@ -17,14 +18,11 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import torch
 from torch import nn
 from torch.utils.data import Subset, TensorDataset
-
-if TYPE_CHECKING:
-    from torchmetrics import Metric
 
 Mode = Literal["min", "max"]
 
@@ -76,14 +74,17 @@ class Task(ABC):
         shape alone says (``fixed_count``), make it on the host: a device tensor made from a
         Python number is a copy the host waits for, every micro-step."""
 
-    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
-        """torchmetrics updated with ``metric_inputs(outputs, targets)`` (loss is built in)."""
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Any]:
+        """Metrics updated with ``metric_inputs(outputs, targets)`` (loss is built in):
+        ``convoy.tasks.metrics.SumMetric`` s, reduced over every rank in one all-reduce, or
+        torchmetrics ``Metric`` s, which reduce themselves (torchmetrics costs seconds of CPU
+        to import: import it inside this method)."""
         return {}
 
     def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
         """The keys ``metrics`` returns on this data, asked where no metric is updated (the
-        driver's checks). The default builds them; a task whose names are known without
-        torchmetrics says them, so the driver need not import it."""
+        driver's checks). The default builds them; a task whose metrics are torchmetrics says
+        their names here, so the driver need not import torchmetrics."""
         return set(self.metrics(shape, meta))
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:

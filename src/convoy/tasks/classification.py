@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 
 from convoy.tasks.base import Mode, Task, targets_of
-
-if TYPE_CHECKING:
-    from torchmetrics import Metric
+from convoy.tasks.metrics import MacroF1, SumMetric, TopKAccuracy
 
 # Labels checked before training (all of them where they are held apart from the inputs).
 TARGETS_CHECKED = 1_000_000
@@ -39,18 +37,14 @@ class Classification(Task):
     def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
         return {"acc", "f1", "top5"} if shape["num_classes"] > 5 else {"acc", "f1"}
 
-    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
-        # Imported where metrics are built (the workers), not where the task is only checked
-        # (the driver, `convoy config` / `plan`): torchmetrics costs seconds of CPU a process.
-        from torchmetrics.classification import MulticlassAccuracy, MulticlassF1Score
-
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, SumMetric]:
         num_classes = shape["num_classes"]
-        metrics: dict[str, Metric] = {
-            "acc": MulticlassAccuracy(num_classes, average="micro"),
-            "f1": MulticlassF1Score(num_classes, average="macro"),
+        metrics: dict[str, SumMetric] = {
+            "acc": TopKAccuracy(k=1),
+            "f1": MacroF1(num_classes),
         }
         if num_classes > 5:
-            metrics["top5"] = MulticlassAccuracy(num_classes, top_k=5, average="micro")
+            metrics["top5"] = TopKAccuracy(k=5)
         return metrics
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:

@@ -13,16 +13,14 @@ per byte of the text the targets cover, comparable across tokenizers and with co
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from convoy.tasks.base import Mode, Task, inner_model, perplexity
-
-if TYPE_CHECKING:
-    from torchmetrics import Metric
+from convoy.tasks.metrics import SumMetric
 
 IGNORE_INDEX = -100
 TOKENS_CHECKED = 100_000
@@ -68,13 +66,9 @@ class LanguageModeling(Task):
     def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
         return {"bytes"} if "token_bytes" in meta else set()
 
-    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, SumMetric]:
         if "token_bytes" not in meta:
             return {}
-        # torchmetrics is imported where metrics are built (the workers), not where the task
-        # is only checked (the driver, `convoy config` / `plan`): ~2-4 s of CPU a process.
-        from convoy.tasks.token_bytes import TargetBytes
-
         return {"bytes": TargetBytes(meta["token_bytes"], self.ignore_index)}
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
@@ -123,3 +117,25 @@ class LanguageModeling(Task):
                 f"({vocab}); set model.kwargs.vocab_size={vocab} (or leave it unset: it "
                 "defaults to the tokenizer's)"
             )
+
+
+class TargetBytes(SumMetric):
+    """UTF-8 bytes covered by the real target tokens, summed over every rank: what turns nats
+    per token into bits per byte."""
+
+    total: torch.Tensor
+    token_bytes: torch.Tensor
+
+    def __init__(self, token_bytes: list[int], ignore_index: int) -> None:
+        super().__init__()
+        self.ignore_index = ignore_index
+        self.token_bytes = torch.tensor(token_bytes, dtype=torch.long)  # moved by ``to``
+        self.add_state("total", (), torch.long)
+
+    def update(self, logits: torch.Tensor | None, targets: torch.Tensor) -> None:
+        # A mask, not ``targets[mask]``: boolean indexing waits for the device (its size).
+        real = targets != self.ignore_index
+        self.total += (self.token_bytes[torch.where(real, targets, 0)] * real).sum()
+
+    def compute(self) -> torch.Tensor:
+        return self.total

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import Any, ClassVar
 
 import torch
 
 from convoy.tasks.base import Mode, Task, targets_of
-
-if TYPE_CHECKING:
-    from torchmetrics import Metric
+from convoy.tasks.metrics import MeanAbsoluteError, R2Score, SumMetric
 
 # Items checked for non-finite targets before training; larger splits are checked up to this.
 TARGETS_CHECKED = 200_000
@@ -19,7 +17,7 @@ TARGETS_CHECKED = 200_000
 class Regression(Task):
     """Predictions ``(N, k)`` (or ``(N,)``) against float targets of the same number of
     values; the loss is the squared error summed over every target value, so ``loss`` is the
-    MSE and ``rmse`` its square root. R² is torchmetrics' ``R2Score`` over all ranks."""
+    MSE and ``rmse`` its square root. R² is over all ranks, averaged over target columns."""
 
     name = "regression"
     progress_metrics = ("r2", "mae")
@@ -40,13 +38,9 @@ class Regression(Task):
     def metric_names(self, shape: dict[str, int], meta: dict[str, Any]) -> set[str]:
         return {"mae", "r2"}
 
-    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, Metric]:
-        # Imported where metrics are built (the workers), not where the task is only checked
-        # (the driver, `convoy config` / `plan`): torchmetrics costs seconds of CPU a process.
-        from torchmetrics.regression import MeanAbsoluteError, R2Score
-
-        # R2Score averages over outputs (uniform_average) when targets have several columns.
-        return {"mae": MeanAbsoluteError(), "r2": R2Score()}
+    def metrics(self, shape: dict[str, int], meta: dict[str, Any]) -> dict[str, SumMetric]:
+        # R² averages over the target columns (uniform_average) when there are several.
+        return {"mae": MeanAbsoluteError(), "r2": R2Score(shape.get("num_outputs", 1))}
 
     def metric_inputs(self, outputs: Any, targets: Any) -> tuple[Any, Any]:
         return _as_targets(outputs.detach().float(), targets), targets.float()
