@@ -2,7 +2,10 @@
 
 FLOPs are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one forward, loss and
 backward of a copy of the model built on the meta device, fed meta tensors shaped like the
-first micro-batch, under ``FakeTensorMode``: nothing is computed or allocated, so any model size costs milliseconds.
+first micro-batch, under ``FakeTensorMode``: nothing is computed or allocated, so any model
+size costs milliseconds. A small model is counted on real CPU tensors instead (two rows of
+the batch, the random state put back after): fake tensors import torch._dynamo and sympy,
+1-2 CPU-s in every worker, for a count that takes a millisecond on real tensors.
 The count covers matrix products and convolutions (what FlopCounterMode knows), not the
 optimizer step or element-wise work, which is the convention MFU is quoted in (PaLM,
 nanoGPT, TorchTitan).
@@ -21,9 +24,11 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.utils.flop_counter import FlopCounterMode
+from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
-from convoy.batches import batch_rows, move_to
+from convoy.batches import batch_rows, first_rows, move_to, tensors_in
+from convoy.engine.dynamo_guard import defer_guard
 
 
 @dataclass(frozen=True)
@@ -74,6 +79,12 @@ def _on_meta(batch: Any) -> Any:
     return move_to(batch, torch.device("meta"))
 
 
+# Counted on real CPU tensors up to these sizes (as the driver's check runs a model).
+REAL_COUNT_MAX_BYTES = 64 * 2**20  # parameters and buffers
+REAL_COUNT_MAX_INPUT_ELEMENTS = 2**16  # the inputs of the rows counted
+REAL_COUNT_ROWS = 2
+
+
 def count_train_flops_per_sample(
     build: Callable[[], nn.Module],
     forward: Callable[[nn.Module, Any], Any],
@@ -82,21 +93,55 @@ def count_train_flops_per_sample(
 ) -> float:
     """FLOPs of one training step (forward, loss, backward) per sample of ``batch``.
 
-    ``build`` makes the model; it is called under the meta device. Raises whatever the model
-    raises when it cannot run on meta tensors (one that reads values, e.g. ``.item()``).
+    ``build`` makes the model; it is called under the meta device, and again on the CPU for
+    a small model (the random state is restored). Raises whatever the model raises when it
+    cannot run on meta tensors (one that reads values, e.g. ``.item()``).
     """
+    inputs, targets = batch
+    with torch.device("meta"):
+        model = build()
+    # FlopCounterMode's dispatch is guarded against Dynamo, a guard that imports Dynamo.
+    defer_guard(_FlopCounterMode.__dict__["__torch_dispatch__"])
+    few = first_rows(inputs, REAL_COUNT_ROWS)
+    if _small(model, few):
+        cpu = torch.device("cpu")
+        # The math attention: the CPU's fused kernel has no FLOP formula in FlopCounterMode;
+        # the math one is matrix products, counted as the fused kernels are on meta.
+        with torch.random.fork_rng(devices=[]), sdpa_kernel(SDPBackend.MATH):
+            counted = _count(
+                build(),
+                forward,
+                loss_sum,
+                move_to(few, cpu),
+                move_to(first_rows(targets, REAL_COUNT_ROWS), cpu),
+            )
+        return counted / max(1, batch_rows(few))
     # Fake tensors over the meta model: a model that branches on a value only where it is not
     # being traced (transformers' mask helpers) takes its traced path and runs.
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    inputs, targets = batch
-    with torch.device("meta"):
-        model = build()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        counted = _count(model, forward, loss_sum, _on_meta(inputs), _on_meta(targets))
+    return counted / max(1, batch_rows(inputs))
+
+
+def _count(
+    model: nn.Module,
+    forward: Callable[[nn.Module, Any], Any],
+    loss_sum: Callable[[Any, Any], torch.Tensor],
+    inputs: Any,
+    targets: Any,
+) -> float:
     counter = FlopCounterMode(display=False)
-    with FakeTensorMode(allow_non_fake_inputs=True), counter:
-        loss = loss_sum(forward(model, _on_meta(inputs)), _on_meta(targets))
-        loss.backward()
-    return counter.get_total_flops() / max(1, batch_rows(inputs))
+    with counter:
+        loss_sum(forward(model, inputs), targets).backward()
+    return float(counter.get_total_flops())
+
+
+def _small(model: nn.Module, inputs: Any) -> bool:
+    model_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    input_elements = sum(t.numel() for t in tensors_in(inputs))
+    return model_bytes <= REAL_COUNT_MAX_BYTES and input_elements <= REAL_COUNT_MAX_INPUT_ELEMENTS
 
 
 def mfu(flops_per_second_per_device: float, peak: float | None) -> float | None:

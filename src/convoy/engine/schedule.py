@@ -35,17 +35,58 @@ def peak_lr(cfg: OptimConfig, global_batch: int) -> float:
     return cfg.lr * global_batch / cfg.scale_lr_base_batch
 
 
-OPTIMIZERS: dict[str, Callable[..., torch.optim.Optimizer]] = {
+OPTIMIZERS: dict[str, type[torch.optim.Optimizer]] = {
     "adamw": torch.optim.AdamW,
     "sgd": torch.optim.SGD,
 }
 
+# The methods torch wraps so that Dynamo never traces them (``torch._disable_dynamo``), and
+# ``step``, which torch wraps to break Dynamo's graph around it: each wrapper imports
+# torch._dynamo (and sympy) on its first call, 1-2 CPU-s in every process that trains.
+_DYNAMO_GUARDED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+def eager_optimizer_class(cls: type[torch.optim.Optimizer]) -> type[torch.optim.Optimizer]:
+    """``cls`` with its Dynamo guards taken off: the same methods, run as they are.
+
+    The guards only matter where Dynamo compiles the code that calls the optimizer; Convoy
+    compiles models, never its loop, so a job without ``run.compile`` has nothing for them to
+    guard. Step hooks, the LR scheduler's bookkeeping and the profiler's step label stay
+    (torch adds them around the class's ``step``, this one included)."""
+    namespace: dict[str, Any] = {
+        name: getattr(cls, name).__wrapped__
+        for name in _DYNAMO_GUARDED
+        if hasattr(getattr(cls, name), "__wrapped__")
+    }
+    step = _undecorated(cls.step)
+
+    def eager_step(self: torch.optim.Optimizer, closure: Callable[[], float] | None = None) -> Any:
+        # What torch's wrapper does besides the graph breaks: grad mode as the optimizer says.
+        with torch.set_grad_enabled(self.defaults["differentiable"]):
+            return step(self, closure)
+
+    namespace["step"] = eager_step
+    namespace["__doc__"] = cls.__doc__
+    return type(cls.__name__, (cls,), namespace)
+
+
+def _undecorated(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` under torch's wrappers (its profiler hook, if a first instance added it,
+    and the graph-break wrapper)."""
+    while hasattr(method, "__wrapped__"):
+        method = method.__wrapped__
+    return method
+
+
+EAGER_OPTIMIZERS = {name: eager_optimizer_class(cls) for name, cls in OPTIMIZERS.items()}
+
 
 def build_optimizer(
-    cfg: OptimConfig, model: nn.Module, no_decay: set[str], lr: float
+    cfg: OptimConfig, model: nn.Module, no_decay: set[str], lr: float, compiled: bool = False
 ) -> torch.optim.Optimizer:
     """``cfg``'s optimizer over ``model``'s trainable parameters: ``cfg.weight_decay`` on
-    all but ``no_decay``, which get none."""
+    all but ``no_decay``, which get none. ``compiled``: the job compiles (keep torch's
+    Dynamo guards on the optimizer)."""
     decay: list[nn.Parameter] = []
     plain: list[nn.Parameter] = []
     for name, param in model.named_parameters():
@@ -56,7 +97,7 @@ def build_optimizer(
         {"params": plain, "weight_decay": 0.0},
     ]
     device = next((p.device for p in decay + plain), torch.device("cpu"))
-    return make_optimizer(cfg, groups, lr, device)
+    return make_optimizer(cfg, groups, lr, device, compiled)
 
 
 def make_optimizer(
@@ -64,15 +105,20 @@ def make_optimizer(
     groups: list[dict[str, Any]],
     lr: float,
     device: torch.device | None = None,
+    compiled: bool = False,
 ) -> torch.optim.Optimizer:
     """torch's optimizer named by ``cfg.name`` over param ``groups`` (each with its own
     ``weight_decay``), with the config's other fields (``momentum`` or ``betas``), fused
-    where ``cfg.fused`` says (by default on CUDA)."""
+    where ``cfg.fused`` says (by default on CUDA); without torch's Dynamo guards unless the
+    job compiles (``eager_optimizer_class``)."""
     shared = {k: v for k, v in cfg.hyperparameters.items() if k != "weight_decay"}
     fused = cfg.fused if cfg.fused is not None else device is not None and device.type == "cuda"
     if fused:
         shared["fused"] = True
-    return OPTIMIZERS[cfg.name](groups, lr=lr, **shared)
+    optimizers: dict[str, Callable[..., torch.optim.Optimizer]] = (
+        dict(OPTIMIZERS) if compiled else dict(EAGER_OPTIMIZERS)
+    )
+    return optimizers[cfg.name](groups, lr=lr, **shared)
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:

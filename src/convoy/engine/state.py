@@ -116,7 +116,8 @@ def build_state(
     model = build_model(job.model.name, job.model.kwargs, shape)
     no_decay = no_decay_names(model)
     model = strategy.wrap(prepare_blocks(model, job.strategy, job.run.compile))
-    optimizer = build_optimizer(job.optim, model, no_decay, peak_lr(job.optim, job.data.batch_size))
+    lr = peak_lr(job.optim, job.data.batch_size)
+    optimizer = build_optimizer(job.optim, model, no_decay, lr, compiled=bool(job.run.compile))
     return TrainState(
         rank=ctx.rank,
         world_size=ctx.world_size,

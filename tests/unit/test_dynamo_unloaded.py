@@ -1,0 +1,79 @@
+"""Training without a compile leaves torch._dynamo unimported (1.5-2 CPU-s a process), and
+changes nothing else: the optimizer steps bit for bit as torch's, with its hooks and the LR
+scheduler's bookkeeping, and the FLOP count is torch's."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import warnings
+
+import torch
+from torch import nn
+
+from convoy.engine.schedule import EAGER_OPTIMIZERS, OPTIMIZERS
+
+
+def _train(optimizer_class: type[torch.optim.Optimizer], name: str) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    kwargs = {"momentum": 0.9} if name == "sgd" else {}
+    optimizer = optimizer_class(model.parameters(), lr=0.1, weight_decay=0.01, **kwargs)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1 / (step + 1))
+    hooked: list[int] = []
+    optimizer.register_step_pre_hook(lambda *_: hooked.append(1))
+    for _ in range(4):
+        model(torch.randn(5, 6)).square().mean().backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad()
+    optimizer.load_state_dict(optimizer.state_dict())
+    assert len(hooked) == 4
+    return [p.detach().clone() for p in model.parameters()]
+
+
+def test_the_eager_optimizers_step_as_torch_s_with_hooks_and_no_warning() -> None:
+    for name, torch_class in OPTIMIZERS.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the scheduler's "step before optimizer.step()"
+            ours = _train(EAGER_OPTIMIZERS[name], name)
+        theirs = _train(torch_class, name)
+        assert all(torch.equal(a, b) for a, b in zip(ours, theirs, strict=True)), name
+        assert isinstance(EAGER_OPTIMIZERS[name]([nn.Parameter(torch.ones(1))]), torch_class)
+
+
+# In a fresh interpreter: this test process may have imported Dynamo already.
+FRESH_PROCESS = """
+import sys, torch
+from torch import nn
+from convoy.engine.flops import count_train_flops_per_sample
+from convoy.engine.schedule import make_optimizer
+from convoy.config import load_job
+from convoy.tasks import build_task
+
+model = nn.Linear(4, 3)
+optimizer = make_optimizer(load_job().optim, [{"params": model.parameters()}], 0.1)
+model(torch.randn(2, 4)).sum().backward()
+optimizer.step()
+optimizer.zero_grad()
+task = build_task("classification", {})
+batch = (torch.randn(8, 4), torch.randint(0, 3, (8,)))
+flops = count_train_flops_per_sample(lambda: nn.Linear(4, 3), task.forward, task.loss_sum, batch)
+print("torch._dynamo" in sys.modules, flops)
+import torch._dynamo  # a compile elsewhere in the process: the guards are torch's again
+count_train_flops_per_sample(lambda: nn.Linear(4, 3), task.forward, task.loss_sum, batch)
+from torch.utils.flop_counter import _FlopCounterMode
+guarded = _FlopCounterMode.__dict__["__torch_dispatch__"].__wrapped__
+print(getattr(guarded, "__dynamo_disable").__module__)
+"""
+
+
+def test_a_step_and_a_flop_count_import_no_dynamo_until_something_does() -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", FRESH_PROCESS], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    first, second = done.stdout.split("\n")[:2]
+    # Linear 4 -> 3 per sample: forward 2*4*3, weight gradient 2*4*3 (no input gradient).
+    assert first == f"False {2 * (2 * 4 * 3) / 1:.1f}"
+    assert second.startswith("torch._dynamo")  # torch's real guard took over
