@@ -11,7 +11,11 @@ it is start-up, after it is training. Processes are grouped by their Ray name
 timeline. ``--warm`` joins a ``ray start --head`` started first (its processes are followed
 too), as a user with a running Ray would.
 
+``--recipe`` and ``-o`` pick the job (``recipes/digits_mlp.yaml -o scaling.launcher=ray -o
+scaling.num_workers=2``, issue 40's launch); the table ends with the total.
+
     python benchmarks/ray_process_cpu.py [--epochs 10] [--warm] [--src PATH]
+        [--recipe recipes/default.yaml] [-o KEY=VALUE ...]
 """
 
 from __future__ import annotations
@@ -83,6 +87,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--src", type=Path, default=REPO / "src")
     parser.add_argument("--warm", action="store_true", help="join a `ray start --head`")
+    parser.add_argument("--recipe", default="recipes/default.yaml", help="relative to the src")
+    parser.add_argument("-o", dest="overrides", action="append", default=[], help="KEY=VALUE")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="cvp", dir="/tmp") as tmp:
         env = {**os.environ, "PYTHONPATH": str(args.src.resolve()), "RAY_TMPDIR": tmp}
@@ -107,9 +113,10 @@ def started_under(folder: str) -> list[int]:
 def measure(args: argparse.Namespace, env: dict[str, str], tmp: str) -> None:
     """Run the job once, sampling the CPU of its processes (and of a warm head's)."""
     roots = started_under(tmp) if args.warm else []
-    recipe = args.src.resolve().parent / "recipes" / "default.yaml"
+    recipe = args.src.resolve().parent / args.recipe
     command = [sys.executable, "-m", "convoy", "train", str(recipe), "-o", f"run.epochs={args.epochs}",
                "-o", "run.progress=off", "-o", f"run.storage_dir={tmp}/runs", "-o", "run.name=p"]  # fmt: skip
+    command += [part for override in args.overrides for part in ("-o", override)]
     start = time.time()
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
@@ -153,9 +160,34 @@ def measure(args: argparse.Namespace, env: dict[str, str], tmp: str) -> None:
         print(
             f"| {name} | {seen_at} | {row['start-up']:.2f} | {row['training']:.2f} | {share:.1f}% |"
         )
+    totals = {p: sum(row[p] for row in table.values()) for p in phases}
+    whole = last_cpu(samples)
+    print(f"| total | - | {totals['start-up']:.2f} | {totals['training']:.2f} | - |")
+    print(f"\nwhole command (last sample of each process): {sum(whole.values()):.2f} CPU-s, "
+          f"wall {time.time() - start:.1f} s")  # fmt: skip
+    for name, cpu in sorted(whole.items(), key=lambda kv: -kv[1]):
+        print(f"  {name}: {cpu:.2f}")
     print(f"\nthe driver's lines (s from start; first step at {first_step - start:.1f} s):")
     for at, line in printed[:8]:
         print(f"  {at - start:6.1f}  {line[:100]}")
+
+
+def last_cpu(samples: list[tuple[float, dict[int, tuple[str, float]]]]) -> dict[str, float]:
+    """Each process's CPU at its last sample, summed by name: the whole command's, start-up,
+    training and shut-down together (a process's last 0.25 s before it ended is missed)."""
+    last: dict[int, float] = {}
+    named: dict[int, str] = {}
+    for _, seen in samples:
+        for pid, (name, cpu) in seen.items():
+            # Its latest name that says what it is: a Ray worker starts as `python` and
+            # names itself (ray::...) later; an ending process's command line is empty (?).
+            if pid not in named or name not in ("?", "python"):
+                named[pid] = name
+            last[pid] = cpu
+    by_name: dict[str, float] = defaultdict(float)
+    for pid, cpu in last.items():
+        by_name[named[pid]] += cpu
+    return dict(by_name)
 
 
 def read_lines(process: subprocess.Popen[str], printed: list[tuple[float, str]]) -> None:
