@@ -32,6 +32,10 @@ os.environ.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
 TEST_CACHE = Path(tempfile.mkdtemp(prefix="convoy-test-cache-"))
 os.environ["CONVOY_CACHE_DIR"] = str(TEST_CACHE)
 
+# Each test's CPU, every process it starts counted, where a run asks (--suite-cpu-out; make
+# test does): tests/cpu_accounting.py.
+pytest_plugins = ["cpu_accounting"]
+
 REPO = Path(__file__).resolve().parents[1]
 RECIPES = REPO / "recipes"
 
