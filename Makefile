@@ -54,11 +54,23 @@ dev: install
 run: install-run
 	$(VENV)/bin/convoy train $(RECIPE)
 
-## lint: ruff (lint + format check) and mypy
-lint: install
+## lint: ruff (lint + format check), mypy and lint-imports
+# One target a check, so that `make -k lint` (how make test runs it, beside the tests) runs
+# every check and reports each failure; `make lint` stops at the first, as before.
+LINT_CHECKS := lint-ruff lint-format lint-mypy lint-imports
+.PHONY: $(LINT_CHECKS)
+lint: $(LINT_CHECKS)
+
+lint-ruff: install
 	$(VENV)/bin/ruff check src tests benchmarks examples
+
+lint-format: install
 	$(VENV)/bin/ruff format --check src tests benchmarks examples
+
+lint-mypy: install
 	$(VENV)/bin/mypy
+
+lint-imports: install
 	$(VENV)/bin/lint-imports
 
 format: install
@@ -108,9 +120,16 @@ browser:
 		fi; \
 	fi
 
-## test: lint, then every test tier (unit, distributed, e2e, cluster)
-test: envtest-build browser install lint
-	$(PY) tests/run_tiers.py --workers $(PYTEST_WORKERS) $(PYTEST_ARGS)
+## test: every test tier (unit, distributed, e2e, cluster), lint beside them; then the CPU bill
+# Lint runs beside the tests, at their low CPU weight, instead of ahead of them (mypy alone is
+# 1-2 minutes of a core); its output comes after theirs, and its failure fails the run. The
+# budget is tests/suite_budget.py; a full run (no PYTEST_ARGS) writes the figures
+# tests/unit/test_suite_budget.py checks to tests/suite_cpu_measured.json: commit them.
+# `make`, not `$(MAKE)`: a line naming $(MAKE) runs even under `make -n`, which would start
+# the whole suite.
+test: envtest-build browser install
+	$(PY) tests/run_tiers.py --workers $(PYTEST_WORKERS) \
+		--lint "make --no-print-directory -k lint" $(PYTEST_ARGS)
 
 bench: install
 	$(PY) benchmarks/launcher_overhead.py
