@@ -16,11 +16,13 @@ The workload is what a launch mostly is (an interpreter importing torch, then a 
 compute), so it slows down with the suite; it runs when the suite is done, on a machine
 quiet again, three times, and the least is kept (a neighbour's load only adds CPU-s).
 
-    python tests/cpu_budget.py            # the calibration here: CPU-s and factor
+    python tests/cpu_budget.py              # the calibration here: CPU-s and factor
+    python tests/cpu_budget.py --headroom   # each committed figure against its limit
 """
 
 from __future__ import annotations
 
+import argparse
 import datetime
 import json
 import os
@@ -222,8 +224,34 @@ def stale(data: dict, modules: list[str]) -> list[str]:
     return sorted(set(data["modules"]) - set(modules))
 
 
-if __name__ == "__main__":
+def headroom_lines(data: dict, budget: Budget) -> list[str]:
+    """Each module of a measured file against its limit, the least headroom first."""
+    figures = reference_figures(data, budget)
+    rows = sorted(figures.items(), key=lambda kv: kv[1] / budget.limit(kv[0]), reverse=True)
+    lines = [f"{data['source']}, {data['date']}: module, reference CPU-s, limit, use"]
+    for module, cpu in rows:
+        named = " (named)" if module in budget.exceptions else ""
+        limit = budget.limit(module)
+        lines.append(f"  {module}: {cpu:.1f} of {limit:g}{named}, {cpu / limit:.0%}")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--headroom",
+        action="store_true",
+        help=f"each module of {MEASURED_FILE.name} against its limit",
+    )
+    args = parser.parse_args()
+    budget = load_budget()
+    if args.headroom:
+        print("\n".join(headroom_lines(read_measured(), budget)))
+        return
     cpu = calibrate()
-    reference = load_budget().reference_cpu_s
-    print(f"calibration: {cpu:.2f} CPU-s here, {reference:g} on the reference machine")
-    print(f"factor: {cpu / reference:.2f} (a module's CPU-s here over this: reference CPU-s)")
+    print(f"calibration: {cpu:.2f} CPU-s here, {budget.reference_cpu_s:g} on the reference machine")
+    print(f"factor: {cpu / budget.reference_cpu_s:.2f} (CPU-s here over this: reference CPU-s)")
+
+
+if __name__ == "__main__":
+    main()

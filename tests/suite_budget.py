@@ -9,9 +9,13 @@ when a module of the committed figures (``tests/suite_cpu_measured.json``) is.
 A module over its tier's default is named in ``EXCEPTIONS`` with its own limit and the reason
 it needs it; raising a limit is a change a reviewer sees. The limits below were set from the
 module table of ``benchmarks/test_suite_cpu_2026-11-28.md`` (measured on the slow sort of
-machine, divided by 3, the ratio its section 6 found between the two sorts), about 1.3 times
+machine, divided by 3, the ratio its section 6 found between the two sorts), about 1.5 times
 that: room for run-to-run noise (the session Ray's start lands on whichever module first uses
-it on a worker), none for a new launch. Lower a limit when a module gets cheaper.
+it on a worker) and for the calibration following a machine's speed only roughly (``import
+torch`` is about 2.4 times slower on the slow sort, the suite about 3 times). Once a full
+run's figures are committed, ``python tests/cpu_budget.py --headroom`` lists each module's
+figure against its limit: set a named module's limit to about 1.5 times its figure, and lower
+a limit when a module gets cheaper.
 """
 
 from __future__ import annotations
@@ -29,8 +33,8 @@ REFERENCE_CALIBRATION_CPU_S = 1.8
 DEFAULTS = {
     "unit": 15.0,
     "distributed": 60.0,
-    "e2e": 80.0,
-    "cluster": 80.0,
+    "e2e": 90.0,
+    "cluster": 90.0,
     "gpu": 20.0,
     "other": 20.0,
 }
@@ -38,66 +42,66 @@ DEFAULTS = {
 # module -> (its limit in reference CPU-s, why it needs more than its tier's default).
 EXCEPTIONS: dict[str, tuple[float, str]] = {
     "tests/cluster/test_preemption.py": (
-        300.0,
+        350.0,
         "spot reclaims on two test hosts: each test starts a Ray head and worker nodes, drains "
         "one mid-epoch and brings a replacement, for ddp and fsdp2 and relaxed collectives",
     ),
     "tests/cluster/test_multinode.py": (
-        290.0,
+        335.0,
         "the default recipe on a real two-node Ray, compared with one node; an elastic run "
         "that grows; a lost node: several Ray clusters of test hosts",
     ),
     "tests/e2e/test_ray_data.py": (
-        280.0,
+        325.0,
         "Ray Data pipelines feed Ray Train runs (8 of them): exact sharding, parity with the "
         "torch loader, encoded images, S3 streaming",
     ),
     "tests/e2e/test_shared_machine.py": (
-        240.0,
+        280.0,
         "many runs on one machine: each command starts its own private Ray (6 of them), a "
         "user-started Ray is joined, a sweep runs beside a run",
     ),
     "tests/e2e/test_fault_tolerance.py": (
-        210.0,
+        240.0,
         "two worker kills survived bit for bit needs a reference run and three attempts; the "
         "failure budget test needs its own runs (audited, benchmarks/test_suite_cpu_2026-11-28.md)",
     ),
     "tests/e2e/test_tune_sweeps.py": (
-        160.0,
+        185.0,
         "convoy tune on a real Ray: an ASHA sweep of two-worker trials and an interrupted "
         "sweep of three trials, resumed (audited: what the checks need)",
     ),
     "tests/e2e/test_stop_request.py": (
-        160.0,
+        185.0,
         "each launcher's run stopped by SIGTERM and resumed as a subprocess, against an "
         "uninterrupted reference",
     ),
     "tests/e2e/test_bench_runs.py": (
-        150.0,
+        170.0,
         "convoy bench all-reduce, scaling and compare through the real launchers: compare "
         "runs every strategy",
     ),
     "tests/e2e/test_launchers.py": (
-        110.0,
+        130.0,
         "the same recipe under local, torchrun and ray (2 workers each)",
     ),
     "tests/e2e/test_lightning_runs.py": (
-        95.0,
+        110.0,
         "a LightningModule trained under torchrun and Ray with ddp and fsdp2, then resumed",
     ),
     "tests/e2e/test_task_recipes.py": (
-        95.0,
+        110.0,
         "the shipped sensor, regression and language-model recipes trained to their bars "
         "under Ray (ddp x 2), the language model exported and evaluated",
     ),
     "tests/unit/test_blocks.py": (
-        55.0,
+        60.0,
         "torch.compile of each block (Inductor compiles in the test's process) checked to "
         "train as the eager blocks do: the compile is the cost (41 reference CPU-s measured "
         "on 2026-11-28, the unit tier alone)",
     ),
     "tests/distributed/test_plan_check.py": (
-        85.0,
+        100.0,
         "convoy plan --check against torch's memory trackers on real strategy wrappers, over "
         "fake process groups of 1, 2 and 4 ranks",
     ),

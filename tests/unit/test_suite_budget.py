@@ -220,3 +220,14 @@ def test_the_runner_passes_within_budget_and_fails_on_lint(
     )
     assert code == 3
     assert out.index("lint output") < out.index("lint: failed (exit 3)")
+
+
+def test_the_headroom_table_lists_the_fullest_module_first() -> None:
+    modules = {
+        "tests/unit/test_a.py": {"cpu_s": 2.0, "wall_s": 1.0, "tests": 1},
+        "tests/e2e/test_big.py": {"cpu_s": 114.0, "wall_s": 1.0, "tests": 1},
+    }
+    data = cpu_budget.measured(modules, 2.0, SYNTHETIC, complete=True, source="synthetic")
+    lines = cpu_budget.headroom_lines(data, SYNTHETIC)
+    assert lines[1] == "  tests/e2e/test_big.py: 114.0 of 120 (named), 95%"
+    assert lines[2] == "  tests/unit/test_a.py: 2.0 of 10, 20%"
