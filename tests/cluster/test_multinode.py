@@ -4,6 +4,9 @@ The head and the worker node are started with ``ray start`` and token auth, the 
 KubeRay starts them; the driver runs ``convoy train`` on the head with ``RAY_ADDRESS``. The
 hosts' host name resolves to loopback, so these runs fail with ``Gloo connectFullMesh`` unless
 Convoy puts gloo on each node's own interface.
+
+The Ray tests share one head for the module (``shared_ray``: its start is a Ray of its own,
+with the dashboard), each adding its worker nodes on fresh hosts and losing only those.
 """
 
 from __future__ import annotations
@@ -14,11 +17,13 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from netns import FAST_NODE_DEATH_ENV, Host, RayNodes, TestHosts, kill_namespace
+from netns import FAST_NODE_DEATH_ENV, Host, RayNode, RayNodes, TestHosts, kill_namespace
+
+from convoy.cli import main
 
 pytestmark = [pytest.mark.cluster]
 
@@ -87,12 +92,51 @@ def elastic_driver_env(nodes: RayNodes) -> dict[str, str | None]:
     return {**nodes.driver_env(), "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S": "10"}
 
 
-def two_node_cluster(make_test_hosts: Callable[[int], TestHosts], nodes: RayNodes) -> list[Host]:
-    hosts = list(make_test_hosts(2))
-    # The head declares a dead node within ~1.5 s instead of ~15 s.
-    nodes.start_head(hosts[0], num_cpus=1, env=FAST_NODE_DEATH_ENV)
-    nodes.start_worker(hosts[1], nodes.head.address, num_cpus=1)
-    return hosts
+class SharedRay:
+    """The module's Ray cluster: one head (1 CPU, quick to declare a node dead) started once,
+    and a test host for each worker node a test adds. A test only ever kills the worker
+    nodes it added, and those it left alive are killed after it (``ray_cluster``), so each
+    test starts from the head alone, as a cluster of its own would."""
+
+    def __init__(self, hosts: TestHosts) -> None:
+        self.hosts = list(hosts)
+        self.nodes = RayNodes()
+        self.nodes.start_head(self.hosts[0], num_cpus=1, env=FAST_NODE_DEATH_ENV)
+        self.spare = self.hosts[1:]  # a fresh host for every worker node
+        self.workers: list[RayNode] = []  # the running test's
+
+    @property
+    def head(self) -> Host:
+        return self.hosts[0]
+
+    def add_worker(self) -> RayNode:
+        worker = self.nodes.add_worker(self.spare.pop(0), num_cpus=1)
+        self.workers.append(worker)
+        return worker
+
+    def remove_workers(self) -> None:
+        for worker in self.workers:
+            self.nodes.kill_node(worker)
+        self.workers = []
+
+
+# One host per worker node the module's Ray tests add, and the head's.
+RAY_WORKER_NODES = 4
+
+
+@pytest.fixture(scope="module")
+def shared_ray(module_test_hosts: Callable[[int], TestHosts]) -> Iterator[SharedRay]:
+    cluster = SharedRay(module_test_hosts(1 + RAY_WORKER_NODES))
+    yield cluster
+    cluster.nodes.stop()
+
+
+@pytest.fixture
+def ray_cluster(shared_ray: SharedRay) -> Iterator[SharedRay]:
+    """The module's head, alone at the start of the test; its test's worker nodes killed
+    after it."""
+    yield shared_ray
+    shared_ray.remove_workers()
 
 
 def torchrun_args(storage: Path, name: str, endpoint: str, *overrides: str) -> list[str]:
@@ -103,76 +147,6 @@ def torchrun_args(storage: Path, name: str, endpoint: str, *overrides: str) -> l
         f"scaling.torchrun.rdzv_endpoint={endpoint}",
         *overrides,
     )
-
-
-# The layouts are compared on their metrics after the same steps, not on convergence: 12
-# steps of the default recipe, then its evaluation.
-FEW_STEPS = ("run.epochs=1", "run.max_steps=12")
-
-
-def test_default_recipe_on_two_nodes_matches_one_node(
-    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
-) -> None:
-    """One recipe three ways, the same metrics: one node (torchrun, 2 workers), two Ray
-    nodes (one worker each), two torchrun nodes (c10d rendezvous, one worker each)."""
-    head, worker = two_node_cluster(make_test_hosts, ray_nodes)
-    refusals = [
-        # A local run directory while workers sit on two nodes.
-        (ray_nodes.driver_env(), ["-orun.shared_storage=false"], "run.storage_dir: got"),
-        # The token cluster joined without its token.
-        (ray_nodes.driver_env(token=False), [], "RAY_AUTH_TOKEN"),
-    ]
-    for env, extra, expected in refusals:
-        refused = head.run([*train_args(tmp_path, "refused"), *extra], env=env, timeout=120)
-        errors = [line for line in refused.stderr.splitlines() if line.startswith("convoy: error:")]
-        assert refused.returncode != 0 and len(errors) == 1, refused.stderr[-3000:]
-        assert expected in errors[0], errors[0]
-        assert not (tmp_path / "refused" / "metrics.jsonl").exists()
-        print(f"\n{errors[0]}")
-
-    single = subprocess.run(
-        train_args(tmp_path, "one-node", "scaling.launcher=torchrun", *FEW_STEPS),
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert single.returncode == 0, single.stderr[-3000:]
-
-    done = head.run(
-        train_args(tmp_path, "ray-two-nodes", *FEW_STEPS),
-        env=ray_nodes.driver_env(),
-        timeout=300,
-    )
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-4000:]
-    # One worker on each node: Ray lists the group with the node IPs.
-    assert f"ip={head.ip}" in output and f"ip={worker.ip}" in output, output[-4000:]
-
-    # torchrun: the same command on both hosts, the rendezvous on the head's address.
-    endpoint = f"{head.ip}:29400"
-    args = torchrun_args(
-        tmp_path, "torchrun-two-nodes", endpoint, *FEW_STEPS, "scaling.torchrun.nnodes=2"
-    )
-    # Each test host gets a core of its own (CPU affinity), as separate machines would: the
-    # workers' torch threads follow the affinity, so two hosts do not oversubscribe the cores.
-    nodes = [
-        Driver(host, ["taskset", "-c", str(i % CORES), *args], tmp_path / f"tr-{host.name}.log")
-        for i, host in enumerate((head, worker))
-    ]
-    for node in nodes:
-        assert node.wait(timeout=300) == 0, node.output[-4000:]
-
-    one = summary_of(tmp_path / "one-node")
-    for name in ("ray-two-nodes", "torchrun-two-nodes"):
-        two = summary_of(tmp_path / name)
-        assert two["world_size"] == one["world_size"] == 2
-        for key, value in one["metrics"].items():
-            assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
-    steps = {
-        name: f"{summary_of(tmp_path / name)['step_seconds_median'] * 1e3:.1f} ms"
-        for name in ("one-node", "ray-two-nodes", "torchrun-two-nodes")
-    }
-    print(f"\nstep time (median): {steps}; test acc {one['metrics']['test/acc']:.4f}")
 
 
 def test_torchrun_loses_a_node_and_finishes_on_the_other(
@@ -211,15 +185,85 @@ def test_torchrun_loses_a_node_and_finishes_on_the_other(
     assert summary["metrics"]["test/acc"] > 0.2
 
 
-def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
-    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
+# The layouts are compared on their metrics after the same steps, not on convergence: 12
+# steps of the default recipe, then its evaluation.
+FEW_STEPS = ("run.epochs=1", "run.max_steps=12")
+
+
+def test_default_recipe_on_two_nodes_matches_one_node(
+    ray_cluster: SharedRay, tmp_path: Path
 ) -> None:
-    head, worker = two_node_cluster(make_test_hosts, ray_nodes)
+    """One recipe three ways, the same metrics: one node (torchrun, 2 workers), two Ray
+    nodes (one worker each), two torchrun nodes (c10d rendezvous, one worker each)."""
+    ray_nodes, head = ray_cluster.nodes, ray_cluster.head
+    worker = ray_cluster.add_worker().host
+    refusals = [
+        # A local run directory while workers sit on two nodes.
+        (ray_nodes.driver_env(), ["-orun.shared_storage=false"], "run.storage_dir: got"),
+        # The token cluster joined without its token.
+        (ray_nodes.driver_env(token=False), [], "RAY_AUTH_TOKEN"),
+    ]
+    for env, extra, expected in refusals:
+        refused = head.run([*train_args(tmp_path, "refused"), *extra], env=env, timeout=120)
+        errors = [line for line in refused.stderr.splitlines() if line.startswith("convoy: error:")]
+        assert refused.returncode != 0 and len(errors) == 1, refused.stderr[-3000:]
+        assert expected in errors[0], errors[0]
+        assert not (tmp_path / "refused" / "metrics.jsonl").exists()
+        print(f"\n{errors[0]}")
+
+    # The one-node reference through the CLI's main in this process (its torchrun workers are
+    # processes as ever): the layouts on two nodes are what is tested, not its start.
+    single = train_args(tmp_path, "one-node", "scaling.launcher=torchrun", *FEW_STEPS)
+    assert main(single[len(CONVOY) :]) == 0
+
+    done = head.run(
+        train_args(tmp_path, "ray-two-nodes", *FEW_STEPS),
+        env=ray_nodes.driver_env(),
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-4000:]
+    # One worker on each node: Ray lists the group with the node IPs.
+    assert f"ip={head.ip}" in output and f"ip={worker.ip}" in output, output[-4000:]
+
+    # torchrun: the same command on both hosts, the rendezvous on the head's address.
+    endpoint = f"{head.ip}:29400"
+    args = torchrun_args(
+        tmp_path, "torchrun-two-nodes", endpoint, *FEW_STEPS, "scaling.torchrun.nnodes=2"
+    )
+    # Each test host gets a core of its own (CPU affinity), as separate machines would: the
+    # workers' torch threads follow the affinity, so two hosts do not oversubscribe the cores.
+    nodes = [
+        Driver(host, ["taskset", "-c", str(i % CORES), *args], tmp_path / f"tr-{host.name}.log")
+        for i, host in enumerate((head, worker))
+    ]
+    for node in nodes:
+        assert node.wait(timeout=300) == 0, node.output[-4000:]
+
+    one = summary_of(tmp_path / "one-node")
+    for name in ("ray-two-nodes", "torchrun-two-nodes"):
+        two = summary_of(tmp_path / name)
+        assert two["world_size"] == one["world_size"] == 2
+        for key, value in one["metrics"].items():
+            assert two["metrics"][key] == pytest.approx(value, rel=1e-5, abs=1e-6), (name, key)
+    steps = {
+        name: f"{summary_of(tmp_path / name)['step_seconds_median'] * 1e3:.1f} ms"
+        for name in ("one-node", "ray-two-nodes", "torchrun-two-nodes")
+    }
+    print(f"\nstep time (median): {steps}; test acc {one['metrics']['test/acc']:.4f}")
+
+
+def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
+    ray_cluster: SharedRay, tmp_path: Path
+) -> None:
+    ray_nodes, head = ray_cluster.nodes, ray_cluster.head
+    lost = ray_cluster.add_worker()
+    worker = lost.host
     run_dir = tmp_path / "lost"
     args = train_args(tmp_path, "lost", "run.epochs=3", "checkpoint.every_steps=20")
     driver = Driver(head, args, tmp_path / "driver.log", env=ray_nodes.driver_env())
     driver.wait_for(lambda: bool(committed(run_dir)), timeout=240)
-    ray_nodes.kill_node(ray_nodes.nodes[1])
+    ray_nodes.kill_node(lost)
     assert driver.wait(timeout=240) != 0
     output = driver.output
     errors = [line for line in output.splitlines() if line.startswith("convoy: error:")]
@@ -238,10 +282,9 @@ def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
     assert summary_of(run_dir)["world_size"] == 1
 
 
-def test_an_elastic_run_continues_on_the_nodes_left(
-    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
-) -> None:
-    head, _worker = two_node_cluster(make_test_hosts, ray_nodes)
+def test_an_elastic_run_continues_on_the_nodes_left(ray_cluster: SharedRay, tmp_path: Path) -> None:
+    ray_nodes, head = ray_cluster.nodes, ray_cluster.head
+    worker = ray_cluster.add_worker()
     run_dir = tmp_path / "elastic"
     args = train_args(
         tmp_path,
@@ -253,7 +296,7 @@ def test_an_elastic_run_continues_on_the_nodes_left(
     )
     driver = Driver(head, args, tmp_path / "driver.log", env=elastic_driver_env(ray_nodes))
     driver.wait_for(lambda: bool(committed(run_dir)), timeout=240)
-    ray_nodes.kill_node(ray_nodes.nodes[1])
+    ray_nodes.kill_node(worker)
     assert driver.wait(timeout=400) == 0, driver.output[-5000:]
     output = driver.output
     assert "convoy: resumed from step_" in output, output[-3000:]
@@ -263,11 +306,8 @@ def test_an_elastic_run_continues_on_the_nodes_left(
     assert summary["metrics"]["test/acc"] > 0.2  # it trained on, 3 epochs in all
 
 
-def test_an_elastic_run_grows_when_a_node_joins(
-    make_test_hosts: Callable[[int], TestHosts], ray_nodes: RayNodes, tmp_path: Path
-) -> None:
-    head, joiner = make_test_hosts(2)
-    ray_nodes.start_head(head, num_cpus=1, env=FAST_NODE_DEATH_ENV)
+def test_an_elastic_run_grows_when_a_node_joins(ray_cluster: SharedRay, tmp_path: Path) -> None:
+    ray_nodes, head = ray_cluster.nodes, ray_cluster.head
     args = train_args(
         tmp_path,
         "grow",
@@ -278,7 +318,7 @@ def test_an_elastic_run_grows_when_a_node_joins(
     )
     driver = Driver(head, args, tmp_path / "driver.log", env=elastic_driver_env(ray_nodes))
     driver.wait_for(lambda: "| ddp x 1 |" in driver.output, timeout=240)
-    ray_nodes.add_worker(joiner, num_cpus=1)
+    joiner = ray_cluster.add_worker().host
     # Ray Train restarts the group at 2 workers from the last checkpoint; once an epoch has
     # finished at the new size, the growth is shown (the rest of the run would only repeat it).
     grown = re.compile(r"convoy: resumed from step_\d+[^\n]*\n[^\n]*\| ddp x 2 \|.*\nepoch ", re.S)
