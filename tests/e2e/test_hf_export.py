@@ -2,15 +2,15 @@
 
 A Llama-shaped model (grouped-query attention) trained with FSDP2 on two torchrun workers,
 and a GPT-2-shaped one (its LM head tied to the token embedding) trained in one process,
-are exported with the command a user types; ``AutoModelForCausalLM`` and ``AutoTokenizer``
-then load the folder, and its logits are the checkpoint's own.
+are exported with the command a user types (``convoy export``'s arguments to ``cli.main``, in
+the test's process: the folder is what is tested, not a process's start);
+``AutoModelForCausalLM`` and ``AutoTokenizer`` then load the folder, and its logits are the
+checkpoint's own.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from pydoc_data.topics import topics
 from typing import Any
@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 import convoy
+from convoy.cli import main
 from convoy.config import load_job
 from convoy.data.tokenizer import BPETokenizer
 from convoy.export import MODEL_FILE, WEIGHTS_FILE, evaluate_exported
@@ -62,18 +63,22 @@ def corpus(tmp_path: Path) -> Path:
     return path
 
 
-def convoy_cli(*args: str) -> subprocess.CompletedProcess[str]:
-    """``convoy ARGS`` in a new process, as a user runs it."""
-    return subprocess.run(
-        [sys.executable, "-m", "convoy", *args], capture_output=True, text=True, timeout=300
-    )
+def convoy_cli(capfd: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """``convoy ARGS`` through the CLI's ``main`` in this process: its exit code, and what it
+    (and any worker it started) printed to stdout and stderr."""
+    capfd.readouterr()
+    code = main(list(args))
+    out, err = capfd.readouterr()
+    return code, out, err
 
 
-def export_hf(run: Path, out: Path) -> str:
+def export_hf(capfd: pytest.CaptureFixture[str], run: Path, out: Path) -> str:
     """``convoy export RUN --format hf --out OUT``; its output line."""
-    result = convoy_cli("export", str(run), "--format", "hf", "--out", str(out))
-    assert result.returncode == 0, result.stderr
-    return result.stdout
+    code, stdout, stderr = convoy_cli(
+        capfd, "export", str(run), "--format", "hf", "--out", str(out)
+    )
+    assert code == 0, stderr
+    return stdout
 
 
 def load_and_run(
@@ -88,7 +93,7 @@ def load_and_run(
 
 
 def test_llama_trained_with_fsdp2_on_torchrun_exports_for_transformers(
-    tmp_path: Path, corpus: Path
+    tmp_path: Path, corpus: Path, capfd: pytest.CaptureFixture[str]
 ) -> None:
     overrides = [
         *TINY_LLAMA,
@@ -97,17 +102,17 @@ def test_llama_trained_with_fsdp2_on_torchrun_exports_for_transformers(
         "scaling.launcher=torchrun",
         f"run.storage_dir={tmp_path}",
     ]
-    trained = convoy_cli(
-        "train", str(RECIPES / "lm_llama_hf.yaml"), "-o", "run.name=llama",
+    code, _, err = convoy_cli(
+        capfd, "train", str(RECIPES / "lm_llama_hf.yaml"), "-o", "run.name=llama",
         *(arg for override in overrides for arg in ("-o", override)),
     )  # fmt: skip
-    assert trained.returncode == 0, trained.stderr
+    assert code == 0, err[-3000:]
     run = tmp_path / "llama"
     (checkpoint,) = (run / "checkpoints").iterdir()
     assert len(list(checkpoint.glob("*.distcp"))) == 2  # sharded by two ranks
 
     out = tmp_path / "hf"
-    assert "tokenizer: the run's BPE" in export_hf(run, out)
+    assert "tokenizer: the run's BPE" in export_hf(capfd, run, out)
     config = json.loads((out / "config.json").read_text())
     assert (config["num_attention_heads"], config["num_key_value_heads"]) == (4, 2)
     assert (out / "generation_config.json").is_file()
@@ -127,7 +132,9 @@ def test_llama_trained_with_fsdp2_on_torchrun_exports_for_transformers(
     assert measured["test/loss"] == pytest.approx(recorded["test/loss"], rel=1e-5)
 
 
-def test_gpt2_tied_weights_and_byte_tokenizer_round_trip(tmp_path: Path, corpus: Path) -> None:
+def test_gpt2_tied_weights_and_byte_tokenizer_round_trip(
+    tmp_path: Path, corpus: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     job = load_job(
         RECIPES / "lm_llama_hf.yaml",
         [
@@ -145,7 +152,7 @@ def test_gpt2_tied_weights_and_byte_tokenizer_round_trip(tmp_path: Path, corpus:
     )
     convoy.train(job)
     out = tmp_path / "hf"
-    assert "tokenizer: UTF-8 bytes" in export_hf(job.run_dir, out)
+    assert "tokenizer: UTF-8 bytes" in export_hf(capfd, job.run_dir, out)
     keys = load_file(out / WEIGHTS_FILE)
     assert "transformer.wte.weight" in keys and "lm_head.weight" not in keys  # written once
 
@@ -158,7 +165,9 @@ def test_gpt2_tied_weights_and_byte_tokenizer_round_trip(tmp_path: Path, corpus:
     assert (exported - ours).abs().max().item() <= 1e-6
 
 
-def test_hf_export_of_another_model_says_to_use_safetensors(tmp_path: Path) -> None:
+def test_hf_export_of_another_model_says_to_use_safetensors(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     job = load_job(
         RECIPES / "digits_mlp.yaml",
         [
@@ -171,9 +180,9 @@ def test_hf_export_of_another_model_says_to_use_safetensors(tmp_path: Path) -> N
         ],
     )
     convoy.train(job)
-    result = convoy_cli("export", str(job.run_dir), "--format", "hf")
-    assert result.returncode == 2
-    assert result.stderr.splitlines() == [
+    code, _, err = convoy_cli(capfd, "export", str(job.run_dir), "--format", "hf")
+    assert code == 2
+    assert err.splitlines() == [
         "convoy: error: --format: got 'hf'; this run's model is 'mlp' (model.name), not a "
         "transformers model (model.name: hf): use --format safetensors"
     ]
