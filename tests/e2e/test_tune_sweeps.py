@@ -68,11 +68,8 @@ def test_bad_metric_fails_before_ray(tmp_path: Path, capsys: pytest.CaptureFixtu
     assert "--samples: got 0" in capsys.readouterr().err
 
 
-def tune_process(tmp_path: Path, space: str, *extra: str) -> subprocess.Popen[str]:
-    import ray
-
-    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
-    command = [sys.executable, "-m", "convoy", "tune", "--space", space, "--name", "r"]
+def tune_args(tmp_path: Path, space: str, *extra: str) -> list[str]:
+    command = ["tune", "--space", space, "--name", "r"]
     options = ["--scheduler", "none", "--samples", "1", "--max-concurrent", "1"]
     # One worker a trial: what is checked is the sweep's record across an interruption (the
     # ASHA test above frees two-worker trials).
@@ -84,8 +81,16 @@ def tune_process(tmp_path: Path, space: str, *extra: str) -> subprocess.Popen[st
         "-o",
         f"run.storage_dir={tmp_path}",
     ]
+    return [*command, *options, *TINY, *storage, *extra]
+
+
+def tune_process(tmp_path: Path, space: str) -> subprocess.Popen[str]:
+    """``convoy tune`` as a process of its own (what is interrupted), on the session's Ray."""
+    import ray
+
+    env = {**os.environ, "RAY_ADDRESS": ray.get_runtime_context().gcs_address}
     return subprocess.Popen(
-        [*command, *options, *TINY, *storage, *extra],
+        [sys.executable, "-m", "convoy", *tune_args(tmp_path, space)],
         env=env,
         text=True,
         stdout=subprocess.PIPE,
@@ -93,7 +98,11 @@ def tune_process(tmp_path: Path, space: str, *extra: str) -> subprocess.Popen[st
     )
 
 
-def test_interrupted_sweep_resumes_without_repeating(ray_session: Any, tmp_path: Path) -> None:
+def test_interrupted_sweep_resumes_without_repeating(
+    ray_session: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A ``convoy tune`` process interrupted by SIGTERM, then resumed with ``--resume`` (the
+    resume in this process, on the same Ray: what is checked is the sweep's record)."""
     space = write_space(tmp_path, "optim.lr: {grid: [3.0e-3, 2.0e-3, 1.0e-3]}\n")
     sweep = tmp_path / "r"
     first = tune_process(tmp_path, space)
@@ -118,9 +127,8 @@ def test_interrupted_sweep_resumes_without_repeating(ray_session: Any, tmp_path:
     done = {line.split()[2] for line in seen if "trained every epoch" in line}
     finished = {t: (sweep / t / "metrics.jsonl").read_text() for t in done}
     assert 1 <= len(finished) < 3
-    second = tune_process(tmp_path, space, "--resume")
-    output, _ = second.communicate(timeout=300)
-    assert second.returncode == 0, output
+    code = main(tune_args(tmp_path, space, "--resume"))
+    assert code == 0, capsys.readouterr().out[-3000:]
     record = results(sweep)
     assert len(record["trials"]) == 3
     assert {t["status"] for t in record["trials"]} == {"finished"}
