@@ -1,7 +1,14 @@
-"""Exact resume: N steps straight == K steps, stop (mid-epoch), resume, N-K steps (bitwise)."""
+"""Exact resume: N steps straight == K steps, stop (mid-epoch), resume, N-K steps (bitwise).
+
+A layout's straight and stopped runs are made once for the module (``saved_runs``); the tests
+that resume them (fsdp2's: bitwise, under tensor parallel, by single, by hsdp) each resume a
+copy of their own."""
 
 from __future__ import annotations
 
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -53,14 +60,53 @@ def final_model(job: Job, tmp: Path) -> dict[str, torch.Tensor]:
     return torch.load(target, weights_only=True)["model"]
 
 
-def run(job: Job, workers: int) -> None:
+def run(job: Job, workers: int) -> dict:
+    """The job trained on ``workers`` ranks (in this process when 1); rank 0's summary."""
     if workers == 1:
-        train(job, WorkerContext())
-    else:
-        run_on_gloo(train_on_rank, workers, job)
+        return train(job, WorkerContext())
+    return run_on_gloo(train_on_rank, workers, job)[0]
 
 
 TENSOR_PARALLEL = ("strategy.tp_size=2",)
+
+
+@dataclass(frozen=True)
+class SavedRuns:
+    """A layout's runs, made once for the module: ``straight`` (all 12 steps; its rank-0
+    summary and final model) and ``stopped`` (failed after step 7, step 5 its last save).
+    A test copies a run into its own folder before resuming it, so each test resumes a run
+    no other test has touched."""
+
+    straight: Path
+    summary: dict
+    final: dict[str, torch.Tensor]
+    stopped: Path
+
+    def copy(self, run: Path, root: Path, name: str) -> None:
+        shutil.copytree(run, root / name)
+
+
+@pytest.fixture(scope="module")
+def saved_runs(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Callable[[str, int, tuple[str, ...]], SavedRuns]:
+    """The straight and stopped runs of a layout, made at its first use: fsdp2 on 2 ranks
+    is saved by one test's runs and resumed by four (bitwise, under tensor parallel, by
+    single, by hsdp)."""
+    made: dict[tuple[str, int, tuple[str, ...]], SavedRuns] = {}
+
+    def runs(strategy: str, workers: int, extra: tuple[str, ...] = ()) -> SavedRuns:
+        key = (strategy, workers, extra)
+        if key not in made:
+            root = tmp_path_factory.mktemp(f"saved-{strategy}-{workers}")
+            straight = resume_job(root, strategy, workers, "run.name=straight", *extra)
+            summary = run(straight, workers)
+            stopped = stop_after_step_7(root, strategy, workers, *extra)
+            final = final_model(straight, root)
+            made[key] = SavedRuns(straight.run_dir, summary, final, stopped.run_dir)
+        return made[key]
+
+    return runs
 
 
 @pytest.mark.parametrize(
@@ -68,21 +114,25 @@ TENSOR_PARALLEL = ("strategy.tp_size=2",)
     [("single", 1, ()), ("ddp", 2, ()), ("fsdp2", 2, ()), ("fsdp2", 2, TENSOR_PARALLEL)],
 )
 def test_resume_is_bitwise_exact(
-    strategy: str, workers: int, extra: tuple[str, ...], tmp_path: Path
+    strategy: str,
+    workers: int,
+    extra: tuple[str, ...],
+    tmp_path: Path,
+    saved_runs: Callable[[str, int, tuple[str, ...]], SavedRuns],
 ) -> None:
-    straight = resume_job(tmp_path, strategy, workers, "run.name=straight", *extra)
-    run(straight, workers)
-    stopped = stop_after_step_7(tmp_path, strategy, workers, *extra)
+    saved = saved_runs(strategy, workers, extra)
+    saved.copy(saved.stopped, tmp_path, "stopped")
+    stopped = stopped_job(tmp_path, strategy, workers, *extra)
     run(stopped, workers)  # the same run name again: resumes from step 5
-    expected, resumed = final_model(straight, tmp_path), final_model(stopped, tmp_path)
+    expected, resumed = saved.final, final_model(stopped, tmp_path)
     assert expected.keys() == resumed.keys()
     for name, tensor in expected.items():
         assert torch.equal(tensor, resumed[name]), name
 
 
-def stop_after_step_7(root: Path, strategy: str, workers: int, *extra: str) -> Job:
-    """Run ``run.name=stopped`` until a fault after step 7; step 5's checkpoint is the last."""
-    stopped = resume_job(
+def stopped_job(root: Path, strategy: str, workers: int, *extra: str) -> Job:
+    """``run.name=stopped``, with a fault after step 7 (on the run's first attempt)."""
+    return resume_job(
         root,
         strategy,
         workers,
@@ -92,6 +142,11 @@ def stop_after_step_7(root: Path, strategy: str, workers: int, *extra: str) -> J
         f"fault.rank={workers - 1}",
         *extra,
     )
+
+
+def stop_after_step_7(root: Path, strategy: str, workers: int, *extra: str) -> Job:
+    """Run ``run.name=stopped`` until a fault after step 7; step 5's checkpoint is the last."""
+    stopped = stopped_job(root, strategy, workers, *extra)
     # In-process the InjectedFault itself; spawned, the failed rank's exit.
     expected_error = InjectedFault if workers == 1 else ProcessException
     with pytest.raises(expected_error):
@@ -101,17 +156,18 @@ def stop_after_step_7(root: Path, strategy: str, workers: int, *extra: str) -> J
     return stopped
 
 
-def test_fsdp2_checkpoint_resumes_under_tensor_parallel(tmp_path: Path) -> None:
+def test_fsdp2_checkpoint_resumes_under_tensor_parallel(
+    tmp_path: Path, saved_runs: Callable[[str, int, tuple[str, ...]], SavedRuns]
+) -> None:
     """Saved by fsdp2 on 2 ranks (half of every parameter each), resumed with tp 2 on 2 ranks
     (each block's heads and MLP split instead): DCP reshards every tensor, optimizer state
     included, and training goes on as fsdp2's would. Not bitwise: a row-wise split sums each
     output over two partial products, another order of float additions than one matmul."""
-    straight = resume_job(tmp_path, "fsdp2", 2, "run.name=straight")
-    run(straight, 2)
-    stop_after_step_7(tmp_path, "fsdp2", 2)
+    saved = saved_runs("fsdp2", 2, ())
+    saved.copy(saved.stopped, tmp_path, "stopped")
     resumed = resume_job(tmp_path, "fsdp2", 2, "run.name=stopped", *TENSOR_PARALLEL)
     run(resumed, 2)
-    expected, got = final_model(straight, tmp_path), final_model(resumed, tmp_path)
+    expected, got = saved.final, final_model(resumed, tmp_path)
     assert expected.keys() == got.keys()
     for name, tensor in expected.items():
         torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
@@ -137,28 +193,32 @@ def test_partial_checkpoint_is_skipped(tmp_path: Path, capsys: pytest.CaptureFix
     assert summary["steps"] == TOTAL_STEPS
 
 
-def test_reshard_two_rank_fsdp2_to_one_rank_single(tmp_path: Path) -> None:
+def test_reshard_two_rank_fsdp2_to_one_rank_single(
+    tmp_path: Path, saved_runs: Callable[[str, int, tuple[str, ...]], SavedRuns]
+) -> None:
     """Saved by 2-rank fsdp2, resumed by 1-rank single: the same eval metrics."""
-    sharded = resume_job(tmp_path, "fsdp2", 2, "run.name=reshard")
-    summaries = run_on_gloo(train_on_rank, 2, sharded)
+    saved = saved_runs("fsdp2", 2, ())
+    saved.copy(saved.straight, tmp_path, "reshard")
     # Evaluate the restored weights without training further (resume at the final step).
     single = resume_job(tmp_path, "single", 1, "run.name=reshard")
     summary = train(single, WorkerContext())
     assert summary["resumed_from"].endswith(f"step_{TOTAL_STEPS:08d}")
     for key in ("test/acc", "test/loss", "test/f1"):
-        assert summary["metrics"][key] == pytest.approx(summaries[0]["metrics"][key], rel=1e-5)
+        assert summary["metrics"][key] == pytest.approx(saved.summary["metrics"][key], rel=1e-5)
 
 
-def test_reshard_two_rank_fsdp2_to_four_rank_hsdp(tmp_path: Path) -> None:
+def test_reshard_two_rank_fsdp2_to_four_rank_hsdp(
+    tmp_path: Path, saved_runs: Callable[[str, int, tuple[str, ...]], SavedRuns]
+) -> None:
     """Saved by fsdp2 on 2 ranks (each holds half of every parameter), resumed by hsdp on 4
     (2 replicas x 2 shards): DCP reshards it, and the restored weights evaluate the same."""
-    sharded = resume_job(tmp_path, "fsdp2", 2, "run.name=to-hsdp")
-    summaries = run_on_gloo(train_on_rank, 2, sharded)
+    saved = saved_runs("fsdp2", 2, ())
+    saved.copy(saved.straight, tmp_path, "to-hsdp")
     hybrid = resume_job(tmp_path, "hsdp", 4, "run.name=to-hsdp", "strategy.shard_size=2")
     resumed = run_on_gloo(train_on_rank, 4, hybrid)
     assert resumed[0]["resumed_from"].endswith(f"step_{TOTAL_STEPS:08d}")
     for key in ("test/acc", "test/loss", "test/f1"):
-        assert resumed[0]["metrics"][key] == pytest.approx(summaries[0]["metrics"][key], rel=1e-5)
+        assert resumed[0]["metrics"][key] == pytest.approx(saved.summary["metrics"][key], rel=1e-5)
 
 
 def consolidated(checkpoint: Path, target: Path) -> dict:
