@@ -70,7 +70,7 @@ def single(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[float]]:
     ("model", "strategy", "workers", "extra"),
     [
         ("llama", "ddp", 2, ()),
-        ("llama", "fsdp2", 2, ()),
+        # ("llama", "fsdp2", 2): test_llama_fsdp2_losses_match_single, on the shared run
         ("llama", "fsdp", 2, ()),
         ("llama", "hsdp", 4, ("strategy.shard_size=2",)),
         ("llama", "fsdp2", 4, ("strategy.tp_size=2",)),
@@ -91,6 +91,26 @@ def test_losses_match_single(
     job = hf_job(tmp_path, model, strategy, workers, *extra)
     summaries = run_on_gloo(train_on_rank, workers, job)
     assert step_losses(job) == pytest.approx(single[model], rel=1e-5)
+    assert all(summary["metrics"] == summaries[0]["metrics"] for summary in summaries)
+
+
+SAVING = ("checkpoint.every_steps=3", "run.collective_timeout_s=60")
+
+
+@pytest.fixture(scope="module")
+def llama_fsdp2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Job, list[dict]]:
+    """llama under fsdp2 x 2, saving every 3 steps, once for the module: its job and each
+    rank's summary. The parity test compares its losses with the single process's, the
+    resume test its losses with a resumed run's (saving changes no loss)."""
+    job = hf_job(tmp_path_factory.mktemp("straight"), "llama", "fsdp2", 2, *SAVING)
+    return job, run_on_gloo(train_on_rank, 2, job)
+
+
+def test_llama_fsdp2_losses_match_single(
+    llama_fsdp2: tuple[Job, list[dict]], single: dict[str, list[float]]
+) -> None:
+    job, summaries = llama_fsdp2
+    assert step_losses(job) == pytest.approx(single["llama"], rel=1e-5)
     assert all(summary["metrics"] == summaries[0]["metrics"] for summary in summaries)
 
 
@@ -118,15 +138,12 @@ def test_checkpointed_and_compiled_blocks_keep_the_losses(
     assert summaries[0]["compile_seconds"] > 0
 
 
-def test_resume_is_bitwise(tmp_path: Path) -> None:
+def test_resume_is_bitwise(llama_fsdp2: tuple[Job, list[dict]], tmp_path: Path) -> None:
     """fsdp2 x 2: a run that fails after step 4 and resumes from its step-3 checkpoint gives
     the straight run's losses from step 4 on, exactly."""
-    saving = ("checkpoint.every_steps=3", "run.collective_timeout_s=60")
-    straight = hf_job(tmp_path / "straight", "llama", "fsdp2", 2, *saving)
-    run_on_gloo(train_on_rank, 2, straight)
-    expected = step_losses(straight)
+    expected = step_losses(llama_fsdp2[0])
     faulty = ("fault.kind=raise", "fault.at_step=4", "fault.rank=1")
-    stopped = hf_job(tmp_path / "stopped", "llama", "fsdp2", 2, *saving, *faulty)
+    stopped = hf_job(tmp_path / "stopped", "llama", "fsdp2", 2, *SAVING, *faulty)
     with pytest.raises(ProcessException):
         run_on_gloo(train_on_rank, 2, stopped)
     assert committed_checkpoints(stopped.run_dir) == ["step_00000003"]
