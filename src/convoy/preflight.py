@@ -25,6 +25,7 @@ from convoy.config import Job, layout_name, tp_size_of
 from convoy.data.base import Splits
 from convoy.data.registry import check_dataset, load_splits
 from convoy.data.shards import ShardedSplit
+from convoy.engine.flops import small_enough_to_run
 from convoy.engine.sinks import TRACKING_SINKS
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import installed
@@ -220,13 +221,6 @@ def check_loss(job: Job, task: Task, outputs: Any, targets: Any) -> None:
             )
 
 
-# A model this small is checked on real tensors on the CPU. On the meta device, PyTorch runs
-# decompositions in Python that import torch._dynamo and sympy: 2.5 s of CPU before any worker
-# starts, for a forward that takes milliseconds on real tensors. Larger models stay on meta.
-REAL_FORWARD_MAX_BYTES = 64 * 2**20  # parameters and buffers
-REAL_FORWARD_MAX_INPUT_ELEMENTS = 2**16  # the sample's input elements (2 rows)
-
-
 def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
     """The model's outputs on ``inputs``: on the CPU for a small model, else on the meta
     device; on the CPU too for a model that does not run on meta (one that reads values,
@@ -236,7 +230,7 @@ def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
         model = _build(job, shape)
     check_context(job, model, shape)
     failed_on_cpu: Exception | None = None
-    if _small(model, inputs):
+    if small_enough_to_run(model, inputs):  # larger models stay on meta
         try:
             return _forward_on_cpu(job, task, shape, inputs)
         except ConvoyError:
@@ -256,15 +250,6 @@ def _forward(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:
         return _forward_on_cpu(job, task, shape, inputs)
     except Exception as exc:
         raise _rejected(job, exc) from None
-
-
-def _small(model: torch.nn.Module, inputs: Any) -> bool:
-    tensors = [*model.parameters(), *model.buffers()]
-    model_bytes = sum(t.numel() * t.element_size() for t in tensors)
-    input_elements = sum(t.numel() for t in tensors_in(inputs))
-    return (
-        model_bytes <= REAL_FORWARD_MAX_BYTES and input_elements <= REAL_FORWARD_MAX_INPUT_ELEMENTS
-    )
 
 
 def _forward_on_cpu(job: Job, task: Task, shape: dict[str, int], inputs: Any) -> Any:

@@ -79,9 +79,11 @@ def _on_meta(batch: Any) -> Any:
     return move_to(batch, torch.device("meta"))
 
 
-# Counted on real CPU tensors up to these sizes (as the driver's check runs a model).
-REAL_COUNT_MAX_BYTES = 64 * 2**20  # parameters and buffers
-REAL_COUNT_MAX_INPUT_ELEMENTS = 2**16  # the inputs of the rows counted
+# A model this small runs on real CPU tensors (the FLOP count here, the driver's check in
+# ``convoy.preflight``): on the meta device PyTorch's Python decompositions and fake tensors
+# import torch._dynamo and sympy, seconds of CPU for what takes milliseconds for real.
+REAL_RUN_MAX_BYTES = 64 * 2**20  # parameters and buffers
+REAL_RUN_MAX_INPUT_ELEMENTS = 2**16  # the inputs of the rows run
 REAL_COUNT_ROWS = 2
 
 
@@ -103,7 +105,7 @@ def count_train_flops_per_sample(
     # FlopCounterMode's dispatch is guarded against Dynamo, a guard that imports Dynamo.
     defer_guard(_FlopCounterMode.__dict__["__torch_dispatch__"])
     few = first_rows(inputs, REAL_COUNT_ROWS)
-    if _small(model, few):
+    if small_enough_to_run(model, few):
         cpu = torch.device("cpu")
         # The math attention: the CPU's fused kernel has no FLOP formula in FlopCounterMode;
         # the math one is matrix products, counted as the fused kernels are on meta.
@@ -138,10 +140,11 @@ def _count(
     return float(counter.get_total_flops())
 
 
-def _small(model: nn.Module, inputs: Any) -> bool:
+def small_enough_to_run(model: nn.Module, inputs: Any) -> bool:
+    """Whether ``model`` (built on any device) on ``inputs`` is cheap to run on the CPU."""
     model_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     input_elements = sum(t.numel() for t in tensors_in(inputs))
-    return model_bytes <= REAL_COUNT_MAX_BYTES and input_elements <= REAL_COUNT_MAX_INPUT_ELEMENTS
+    return model_bytes <= REAL_RUN_MAX_BYTES and input_elements <= REAL_RUN_MAX_INPUT_ELEMENTS
 
 
 def mfu(flops_per_second_per_device: float, peak: float | None) -> float | None:

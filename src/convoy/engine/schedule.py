@@ -115,10 +115,10 @@ def make_optimizer(
     fused = cfg.fused if cfg.fused is not None else device is not None and device.type == "cuda"
     if fused:
         shared["fused"] = True
-    optimizers: dict[str, Callable[..., torch.optim.Optimizer]] = (
-        dict(OPTIMIZERS) if compiled else dict(EAGER_OPTIMIZERS)
-    )
-    return optimizers[cfg.name](groups, lr=lr, **shared)
+    optimizer_class: Callable[..., torch.optim.Optimizer] = (
+        OPTIMIZERS if compiled else EAGER_OPTIMIZERS
+    )[cfg.name]
+    return optimizer_class(groups, lr=lr, **shared)
 
 
 def lr_factor(step: int, cfg: OptimConfig, total_steps: int) -> float:
