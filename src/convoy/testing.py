@@ -70,6 +70,51 @@ def train_on_rank(ctx: WorkerContext, job: Job) -> dict[str, Any]:
     return train(job, ctx)
 
 
+def initial_full_states(
+    ctx: WorkerContext, jobs: list[Job], data_shape: dict[str, int]
+) -> list[dict[str, Any]]:
+    """Each job's model as the engine builds it (on meta where it can), laid out by the job's
+    strategy and filled, then gathered whole: the full state dicts on rank 0 (empty on the
+    others). For tests that the initial weights do not depend on the layout."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    from convoy.models.registry import build_skeleton
+    from convoy.strategies import build_strategy
+    from convoy.strategies.base import dtype_from_name
+    from convoy.strategies.blocks import prepare_blocks
+
+    states: list[dict[str, Any]] = []
+    with process_group(ctx, 120.0, needed=ctx.world_size > 1):
+        for job in jobs:
+            strategy = build_strategy(
+                job.strategy, ctx.device, dtype_from_name(job.precision), ctx.local_world_size
+            )
+            model, weights = build_skeleton(
+                job.model.name, job.model.kwargs, data_shape, job.run.seed
+            )
+            model = strategy.wrap(prepare_blocks(model, job.strategy, job.run.compile), weights)
+            if isinstance(model, FSDP):
+                state = _fsdp1_full_state(model)
+            else:
+                options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+                state = get_model_state_dict(model, options=options)
+            states.append(state if ctx.is_main else {})
+    return states
+
+
+def _fsdp1_full_state(model: torch.nn.Module) -> dict[str, Any]:
+    """FSDP1's parameters gathered whole. Not its full state dict: that crashes (SIGSEGV in
+    its clone hook) on 2 gloo ranks with a tied head, in torch 2.13."""
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    with FSDP.summon_full_params(model, writeback=False):
+        return {
+            name.replace("_fsdp_wrapped_module.", ""): param.detach().clone()
+            for name, param in model.named_parameters(remove_duplicate=False)
+        }
+
+
 def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
     """A worker entry (``WorkerEntry("convoy.testing:rank_census", {"tag": ...})``) for
     launcher tests: every rank's identity, gathered over the real process group; rank 0

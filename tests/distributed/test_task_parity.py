@@ -18,7 +18,7 @@ from convoy.data.registry import load_splits
 from convoy.data.samplers import GlobalBatchSampler
 from convoy.distributed import WorkerContext
 from convoy.engine.loop import seed_everything, train
-from convoy.models.registry import build_model
+from convoy.models.registry import build_initial
 from convoy.outputs import read_metrics
 from convoy.tasks import LanguageModeling
 from convoy.testing import parity_overrides, run_on_gloo, train_on_rank
@@ -109,7 +109,7 @@ def test_step_one_is_the_global_token_mean_not_a_mean_of_rank_means(
     job = lm_job(tmp_path, "single", 1)
     splits = load_splits(job.data)
     seed_everything(SEED)  # as the engine does before building the model
-    model = build_model(job.model.name, job.model.kwargs, splits.shape)
+    model = build_initial(job.model.name, job.model.kwargs, splits.shape, SEED)
     task = LanguageModeling()
     sums, counts = [], []
     with torch.no_grad():

@@ -5,18 +5,22 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from convoy.models.attention import SelfAttention
+from convoy.models.attention import SelfAttention, init_role, xavier_uniform_fused_
 
 
-def test_init_qkv_draws_one_fused_matrix() -> None:
+def test_qkv_xavier_has_the_fan_of_one_fused_matrix() -> None:
+    """Each of q, k, v is a third of a fused (3 x hidden, hidden) projection: Xavier's bound is
+    the fused matrix's (nn.MultiheadAttention's in_proj), smaller than the part's own."""
     attn = SelfAttention(hidden=32, heads=4)
+    assert [init_role(linear) for linear in attn.qkv_projections()] == ["qkv"] * 3
+    assert init_role(attn.proj) == "out"
     torch.manual_seed(0)
-    attn.init_qkv_(nn.init.xavier_uniform_)
+    xavier_uniform_fused_(attn.q)
     torch.manual_seed(0)
     fused = nn.init.xavier_uniform_(torch.empty(96, 32))  # the fan of a (96, 32) matrix
-    joined = torch.cat([attn.q.weight, attn.k.weight, attn.v.weight])
-    assert torch.equal(joined, fused)
-    assert all(torch.equal(linear.bias, torch.zeros(32)) for linear in attn.qkv_projections())
+    # The same draw over the part's shape, within the same bound.
+    assert torch.equal(attn.q.weight, fused.flatten()[: 32 * 32].view(32, 32))
+    assert attn.q.weight.abs().max() <= (6 / (32 + 96)) ** 0.5 < (6 / (32 + 32)) ** 0.5
 
 
 def test_a_fused_qkv_state_dict_loads_split() -> None:

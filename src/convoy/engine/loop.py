@@ -25,7 +25,13 @@ from convoy.checkpoint import Position, checkpoint_name
 from convoy.config import DataParallelRank, Job, layout_name, micro_batch, tp_size_of
 from convoy.data.loaders import EvalBatches, TrainBatches, WorkerData, torch_worker_data
 from convoy.data.registry import load_splits
-from convoy.distributed import WorkerContext, all_reduce_sum, process_group, worker_threads
+from convoy.distributed import (
+    WorkerContext,
+    all_reduce_sum,
+    peak_memory_bytes,
+    process_group,
+    worker_threads,
+)
 from convoy.engine.evaluate import evaluate
 from convoy.engine.events import EndEvent, EpochEvent, EvalEvent, StartEvent, StepEvent
 from convoy.engine.faults import maybe_inject, maybe_slow_down, next_attempt
@@ -133,6 +139,7 @@ def _train_and_summarize(
     if job.fault.kind != "none":
         state.attempt = next_attempt(storage, ctx.is_main)
     start = restore(job, ctx, state, storage)
+    state.timers.setup_peak_memory = peak_memory_bytes(ctx.device)
     data.train.start_epoch(start.epoch, start.steps_into_epoch)  # reading starts meanwhile
     sizes = data.sizes
     layout = layout_name(job.strategy.name, tp_size_of(job.strategy))

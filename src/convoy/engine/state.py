@@ -8,8 +8,11 @@ job for one worker; ``restore`` resumes it from the latest committed checkpoint.
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
+
+from torch import nn
 
 from convoy.checkpoint import (
     META_FILE,
@@ -31,7 +34,7 @@ from convoy.engine.step import StepParts
 from convoy.engine.stop import StopWatch
 from convoy.engine.summary import Throughput, Timers
 from convoy.metrics import MetricsManager
-from convoy.models.registry import build_model
+from convoy.models.registry import build_skeleton
 from convoy.storage import RunStorage
 from convoy.strategies import Strategy
 from convoy.strategies.base import dtype_from_name
@@ -113,9 +116,11 @@ def build_state(
     for this rank's ``share`` of each batch."""
     shape = data.shape
     task = build_task(job.task.name, job.task.kwargs)
-    model = build_model(job.model.name, job.model.kwargs, shape)
+    model, weights = build_skeleton(job.model.name, job.model.kwargs, shape, job.run.seed)
+    if weights is None and strategy.sharding.parameters and ctx.world_size > 1 and ctx.rank == 0:
+        warn_whole_on_every_rank(job.model.name, model)
     no_decay = no_decay_names(model)
-    model = strategy.wrap(prepare_blocks(model, job.strategy, job.run.compile))
+    model = strategy.wrap(prepare_blocks(model, job.strategy, job.run.compile), weights)
     lr = peak_lr(job.optim, job.data.batch_size)
     optimizer = build_optimizer(job.optim, model, no_decay, lr, compiled=bool(job.run.compile))
     return TrainState(
@@ -132,6 +137,18 @@ def build_state(
         precision=Precision(dtype_from_name(job.precision), ctx.device, strategy),
         task=task,
         metrics=MetricsManager(task, shape, ctx.device, data.meta, counts=share.counts),
+    )
+
+
+def warn_whole_on_every_rank(name: str, model: nn.Module) -> None:
+    """A sharded run of a model that cannot be built on meta: each rank holds it whole until
+    it is sharded. Said once, with what would change it."""
+    size = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**30
+    warnings.warn(
+        f"model {name!r} ({type(model).__name__}) has no init_module(module), so every rank "
+        f"builds it whole ({size:.2f} GiB) before sharding; define init_module (each module's "
+        "init) and Convoy builds it on the meta device and fills only each rank's shard",
+        stacklevel=2,
     )
 
 

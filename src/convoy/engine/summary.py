@@ -56,6 +56,9 @@ class Timers:
     """Since the last logged step: steps, step seconds, data-wait seconds, global samples."""
     local_work: list[tuple[float, ForwardTimer]] = field(default_factory=list)
     """Since the last logged step: each step's local work (data wait, forward's timer)."""
+    setup_peak_memory: int = 0
+    """Peak memory (bytes) when the model is built, laid out, filled or restored, before the
+    first step: the set-up peak, which ``convoy plan`` plans apart from the step's."""
     compiled_before: float = field(default_factory=compile_seconds)
     """``torch.compile``'s seconds in this process before the run: the summary reports the
     run's own (``run.compile``), and the step times and throughput leave them out (paid
@@ -150,6 +153,7 @@ def run_summary(
     median_step = statistics.median(steady) if steady else None
     steady_rate = job.data.batch_size / median_step if median_step else None
     peak_memory = all_gather_objects(peak_memory_bytes(ctx.device))
+    setup_peak = all_gather_objects(timers.setup_peak_memory)
     peak_reserved = all_gather_objects(peak_reserved_bytes(ctx.device))
     end = time.time()
     return {
@@ -184,6 +188,7 @@ def run_summary(
         "data_wait_fraction": timers.data_wait_seconds / max(timers.train_seconds, 1e-9),
         **_first_batch_apart(timers),
         "peak_memory_bytes_per_rank": peak_memory,
+        "setup_peak_memory_bytes_per_rank": setup_peak,
         "peak_memory_reserved_bytes_per_rank": None if None in peak_reserved else peak_reserved,
     }
 

@@ -8,20 +8,24 @@ computes its own heads with the same code.
 
 Nothing else changes against a fused projection:
 
-- ``init_qkv_`` draws q, k and v as one (3 x hidden, hidden) matrix and splits it, so seeded
-  initial weights (and Xavier's fan) are a fused projection's, bit for bit;
+- each of q, k and v is marked ``init_role = "qkv"`` with the fused matrix's rows
+  (``fused_out_features``), so Xavier's fan (``xavier_uniform_fused_``) is a fused
+  projection's; the output projection is marked ``"out"``. Models initialize module by
+  module (``init_module``, ``convoy.models.init``) and read these marks;
 - a state dict with a fused ``qkv.weight`` / ``qkv.bias`` (``nn.MultiheadAttention``'s
   ``in_proj`` layout: queries, keys, values) loads, split into the three.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from convoy.models.init import mark
 
 PROJECTIONS = ("q", "k", "v")
 
@@ -42,6 +46,9 @@ class SelfAttention(nn.Module):
         self.k = nn.Linear(hidden, hidden)
         self.v = nn.Linear(hidden, hidden)
         self.proj = nn.Linear(hidden, hidden)
+        for linear in self.qkv_projections():
+            mark(linear, init_role="qkv", fused_out_features=3 * hidden)
+        mark(self.proj, init_role="out")
         self.register_load_state_dict_pre_hook(_split_fused_qkv)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -58,15 +65,21 @@ class SelfAttention(nn.Module):
     def qkv_projections(self) -> list[nn.Linear]:
         return [self.q, self.k, self.v]
 
-    @torch.no_grad()
-    def init_qkv_(self, init: Callable[[torch.Tensor], Any]) -> None:
-        """Initialise the q, k and v weights as one fused matrix with ``init`` (an
-        ``nn.init`` function), split in three; zero their biases."""
-        fused = torch.empty(3 * self.q.out_features, self.q.in_features)
-        init(fused)
-        for linear, part in zip(self.qkv_projections(), fused.chunk(3), strict=True):
-            linear.weight.copy_(part)
-            nn.init.zeros_(linear.bias)
+
+def init_role(module: nn.Module) -> str | None:
+    """The role a model marked a layer with at construction (``qkv``, ``out``, ...), which its
+    ``init_module`` reads; None for an unmarked one."""
+    return getattr(module, "init_role", None)
+
+
+@torch.no_grad()
+def xavier_uniform_fused_(linear: nn.Linear) -> None:
+    """Xavier-uniform over ``linear``'s weight with the fan of the fused projection it is a
+    part of (``fused_out_features`` rows; ``nn.MultiheadAttention``'s ``in_proj``): a smaller
+    bound than Xavier over the part alone."""
+    fan_out = getattr(linear, "fused_out_features", linear.out_features)
+    bound = math.sqrt(6.0 / (linear.in_features + fan_out))
+    nn.init.uniform_(linear.weight, -bound, bound)
 
 
 def _split_fused_qkv(

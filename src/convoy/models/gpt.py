@@ -26,6 +26,7 @@ from torch import nn
 
 from convoy.models.attention import SelfAttention
 from convoy.models.head_loss import check_head_loss, head_loss_sum, resolve_head_loss
+from convoy.models.init import init_in_place, mark
 from convoy.models.tensor_parallel import sequence_parallel_block_plan
 
 INIT_STD = 0.02
@@ -56,10 +57,12 @@ class GPTBlock(nn.Module):
 class GPT(nn.Module):
     """A decoder-only transformer: ``input_ids`` (B, T) -> next-token logits (B, T, vocab_size).
 
-    Initialised as GPT-2 / nanoGPT: every linear weight and embedding ~ N(0, 0.02), the two
-    residual projections of each block (attention output, MLP output) ~ N(0, 0.02 / sqrt(2 *
-    depth)) so the residual stream's variance does not grow with depth, every bias zero,
-    LayerNorms at weight 1 and bias 0. The output head shares the token embedding's weight.
+    Initialised as GPT-2 / nanoGPT (``init_module``): every linear weight and embedding ~ N(0,
+    0.02), the two residual projections of each block (attention output, MLP output) ~ N(0,
+    0.02 / sqrt(2 * depth)) so the residual stream's variance does not grow with depth, every
+    bias zero, LayerNorms at weight 1 and bias 0. The output head shares the token embedding's
+    weight. Built by Convoy, it starts on the meta device and each module is filled from its
+    own seed, whatever the layout (``convoy.models.init``).
     """
 
     def __init__(
@@ -86,25 +89,25 @@ class GPT(nn.Module):
         self.norm = nn.LayerNorm(hidden)
         self.head = nn.Linear(hidden, vocab_size, bias=False)
         self.head.weight = self.token_embed.weight  # tied: one Parameter, counted once
-        self._init_weights(depth)
-
-    def _init_weights(self, depth: int) -> None:
-        fused: set[nn.Module] = set()
-        for module in self.modules():
-            if isinstance(module, SelfAttention):
-                module.init_qkv_(functools.partial(nn.init.normal_, std=INIT_STD))
-                fused.update(module.qkv_projections())
-            elif isinstance(module, nn.Linear) and module not in fused:
-                nn.init.normal_(module.weight, std=INIT_STD)
-                if module.bias is not None:
-                    nn.init.zeros_(module.bias)
-            elif isinstance(module, nn.Embedding):
-                nn.init.normal_(module.weight, std=INIT_STD)
         residual_std = INIT_STD / math.sqrt(2 * depth)
         for block in self.blocks:
             assert isinstance(block, GPTBlock)
             for linear in block.residual_projections():
-                nn.init.normal_(linear.weight, std=residual_std)
+                mark(linear, residual_std=residual_std)
+        init_in_place(self)
+
+    @torch.no_grad()
+    def init_module(self, module: nn.Module) -> None:
+        """GPT-2's init of one module (after its ``reset_parameters``): linear weights and
+        embeddings ~ N(0, 0.02), the residual projections (marked ``residual_std`` at
+        construction) ~ N(0, 0.02 / sqrt(2 * depth)), biases zero; LayerNorms keep their
+        defaults (weight 1, bias 0). Convoy calls it module by module (``convoy.models.init``)."""
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=getattr(module, "residual_std", INIT_STD))
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=INIT_STD)
 
     computes_loss = True
     """``forward(input_ids, targets=...)`` returns the loss sum (the language-modeling task

@@ -255,6 +255,16 @@ class HuggingFaceModel(nn.Module):
         length = getattr(self.config, "max_position_embeddings", None)
         return None if self.images else length
 
+    @torch.no_grad()
+    def init_module(self, module: nn.Module) -> None:
+        """``transformers``' own init of one module (its ``_init_weights``: normal weights
+        with the config's ``initializer_range``, zero biases, unit norms, rotary tables);
+        Convoy calls it module by module on a model built from a config, so its initial
+        weights do not depend on the layout (``convoy.models.init``). A model read from a
+        folder is built for real, its weights loaded."""
+        init_weights: Any = getattr(self.model, "_init_weights")  # noqa: B009 (a method)
+        init_weights(module)
+
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         """Logits: ``(B, T, vocab)`` for a causal LM, ``(B, labels)`` for the others."""
         if self.images:

@@ -32,6 +32,11 @@ class MLP(nn.Module):
         self.blocks = nn.ModuleList(MLPBlock(a, b) for a, b in itertools.pairwise(widths))
         self.head = nn.Linear(widths[-1], num_classes)
 
+    def init_module(self, module: nn.Module) -> None:
+        """Torch's defaults (each layer's ``reset_parameters``, which Convoy calls first) are
+        every weight's init: nothing to add. Defining it lets Convoy build the model on the
+        meta device (``convoy.models.init``)."""
+
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = images.flatten(1)
         for block in self.blocks:

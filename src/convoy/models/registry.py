@@ -14,16 +14,20 @@ strategies; others are sharded as one unit.
 
 from __future__ import annotations
 
+import functools
 import inspect
+import warnings
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch import nn
 
 from convoy.errors import ConfigError, one_of
 from convoy.imports import import_attribute
 from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
 from convoy.models.huggingface import hf
+from convoy.models.init import InitialWeights, builds_on_meta, parameters_on_meta
 from convoy.models.mlp import MLP
 from convoy.models.sequence import Conv1dNet
 from convoy.models.tabular import TabularMLP
@@ -84,6 +88,66 @@ def build_model(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -
         return factory(**merged)
     except (TypeError, ValueError) as exc:
         raise ConfigError("model.kwargs", kwargs, f"{name} rejected them: {exc}") from None
+
+
+READS_WEIGHTS: dict[str, Callable[[dict[str, Any]], bool]] = {
+    "hf": lambda kwargs: kwargs.get("path") is not None,
+}
+"""Built-in factories that may read trained weights in (``hf`` from a folder): never built
+on meta, where the weights would be dropped."""
+
+
+def build_skeleton(
+    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int
+) -> tuple[nn.Module, InitialWeights | None]:
+    """The model with its parameters on the meta device and the initial weights that fill
+    them once the strategy has laid it out (``convoy.models.init``), where the model says how
+    each module is initialized (``init_module``); otherwise built for real, as
+    ``build_model``, and None."""
+    if _may_build_on_meta(name, kwargs):
+        model = _try_on_meta(name, kwargs, data_shape)
+        if model is not None:
+            return model, InitialWeights(model, seed)
+    return build_model(name, kwargs, data_shape), None
+
+
+def build_initial(
+    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int
+) -> nn.Module:
+    """The whole model on the CPU with the initial weights the engine trains from under any
+    strategy (``run.seed`` = ``seed``)."""
+    model, weights = build_skeleton(name, kwargs, data_shape, seed)
+    if weights is not None:
+        weights.materialize(model, torch.device("cpu"))
+        weights.fill(model)
+    return model
+
+
+def _may_build_on_meta(name: str, kwargs: dict[str, Any]) -> bool:
+    if name in READS_WEIGHTS:
+        return not READS_WEIGHTS[name](kwargs)
+    factory = resolve_factory(name)
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    # A class says before it is built; a function is tried on meta (cheap) and asked after.
+    return not isinstance(factory, type) or callable(getattr(factory, "init_module", None))
+
+
+def _try_on_meta(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -> nn.Module | None:
+    """The model built with its parameters on meta, or None where it has no ``init_module``
+    or its factory copied values into them (weights it loaded, which meta would drop)."""
+    with (
+        torch.random.fork_rng(devices=[]),  # a build that is thrown away leaves no trace
+        parameters_on_meta(),
+        warnings.catch_warnings(record=True) as caught,
+    ):
+        warnings.simplefilter("always")
+        model = build_model(name, kwargs, data_shape)
+    loaded = any("meta parameter" in str(w.message) for w in caught)
+    for w in caught:
+        if "meta parameter" not in str(w.message):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return model if builds_on_meta(model) and not loaded else None
 
 
 def count_parameters(model: nn.Module) -> int:

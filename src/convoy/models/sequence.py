@@ -58,6 +58,11 @@ class Conv1dNet(nn.Module):
         self.drop = nn.Dropout(dropout)
         self.head = nn.Linear(hidden, num_classes)
 
+    def init_module(self, module: nn.Module) -> None:
+        """Torch's defaults (each layer's ``reset_parameters``, which Convoy calls first) are
+        every weight's init: nothing to add. Defining it lets Convoy build the model on the
+        meta device (``convoy.models.init``)."""
+
     def forward(self, series: torch.Tensor) -> torch.Tensor:
         x = series
         for block in self.blocks:

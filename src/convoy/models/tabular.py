@@ -42,6 +42,11 @@ class TabularMLP(nn.Module):
         )
         self.head = nn.Linear(widths[-1], num_outputs)
 
+    def init_module(self, module: nn.Module) -> None:
+        """Torch's defaults (each layer's ``reset_parameters``, which Convoy calls first) are
+        every weight's init: nothing to add. Defining it lets Convoy build the model on the
+        meta device (``convoy.models.init``)."""
+
     def forward(self, rows: torch.Tensor) -> torch.Tensor:
         x = rows
         for block in self.blocks:

@@ -26,7 +26,8 @@ from typing import Any, Literal
 import torch
 from torch import nn
 
-from convoy.models.attention import SelfAttention
+from convoy.models.attention import SelfAttention, init_role, xavier_uniform_fused_
+from convoy.models.init import init_in_place, mark
 from convoy.models.tensor_parallel import pre_norm_block_plan
 
 InitScheme = Literal["torchvision", "trunc_normal"]
@@ -45,19 +46,6 @@ class ViTBlock(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.norm1(x))
         return x + self.mlp(self.norm2(x))
-
-    def init_torchvision(self) -> None:
-        """torchvision's ``EncoderBlock``: ``nn.MultiheadAttention``'s own init, which
-        torchvision leaves as it is, and the MLP Xavier with ~zero biases."""
-        # Xavier over the fused (3 x hidden, hidden) in_proj, as MultiheadAttention draws it: a
-        # smaller bound than Xavier on each of q, k and v separately.
-        self.attn.init_qkv_(nn.init.xavier_uniform_)
-        self.attn.proj.reset_parameters()  # out_proj keeps nn.Linear's default weight init
-        nn.init.zeros_(self.attn.proj.bias)
-        for module in self.mlp:
-            if isinstance(module, nn.Linear):
-                nn.init.xavier_uniform_(module.weight)
-                nn.init.normal_(module.bias, std=1e-6)
 
 
 class ViT(nn.Module):
@@ -94,38 +82,18 @@ class ViT(nn.Module):
         self.blocks = nn.ModuleList(ViTBlock(hidden, heads, mlp, norm_eps) for _ in range(depth))
         self.norm = nn.LayerNorm(hidden, eps=norm_eps)
         self.head = nn.Linear(hidden, num_classes)
-        if init == "torchvision":
-            self._init_torchvision()
+        mark(self.head, init_role="head")
+        self.init_scheme = init
+        init_in_place(self)
+
+    @torch.no_grad()
+    def init_module(self, module: nn.Module) -> None:
+        """The ``init`` scheme's values for one module (after its ``reset_parameters``);
+        Convoy calls it module by module (``convoy.models.init``)."""
+        if self.init_scheme == "torchvision":
+            _init_torchvision(module)
         else:
-            self._init_trunc_normal()
-
-    def _init_torchvision(self) -> None:
-        """``torchvision.models.VisionTransformer``'s initialisation, with no pre-logits layer."""
-        fan_in = self.patch_embed.in_channels * math.prod(self.patch_embed.kernel_size)
-        nn.init.trunc_normal_(self.patch_embed.weight, std=math.sqrt(1 / fan_in))
-        if self.patch_embed.bias is not None:
-            nn.init.zeros_(self.patch_embed.bias)
-        nn.init.zeros_(self.cls_token)
-        nn.init.normal_(self.pos_embed, std=0.02)  # BERT's, not truncated
-        for module in self.modules():
-            if isinstance(module, ViTBlock):
-                module.init_torchvision()
-        # A zero head: every class starts at the same logit, and the first steps train the
-        # head on features the encoder already has instead of undoing a random readout.
-        nn.init.zeros_(self.head.weight)
-        nn.init.zeros_(self.head.bias)
-
-    def _init_trunc_normal(self) -> None:
-        nn.init.trunc_normal_(self.pos_embed, std=0.02)
-        nn.init.trunc_normal_(self.cls_token, std=0.02)
-        fused: set[nn.Module] = set()
-        for module in self.modules():
-            if isinstance(module, SelfAttention):
-                module.init_qkv_(functools.partial(nn.init.trunc_normal_, std=0.02))
-                fused.update(module.qkv_projections())
-            elif isinstance(module, nn.Linear) and module not in fused:
-                nn.init.trunc_normal_(module.weight, std=0.02)
-                nn.init.zeros_(module.bias)
+            _init_trunc_normal(module)
 
     def forward(self, images: torch.Tensor) -> torch.Tensor:
         x = self.patch_embed(images).flatten(2).transpose(1, 2)
@@ -170,3 +138,42 @@ vit_tiny = functools.partial(
 )
 """A small ViT for 8x8 digits and fast tests: patch 2, 4 layers, 4 heads, hidden 64; the
 truncated-normal init and LayerNorm eps 1e-5 it has always had."""
+
+
+def _init_torchvision(module: nn.Module) -> None:
+    """``torchvision.models.VisionTransformer``'s initialisation, with no pre-logits layer; in
+    the blocks, ``nn.MultiheadAttention``'s own init (Xavier over the fused in_proj, out_proj
+    keeping nn.Linear's default weight, zero biases) and the MLP Xavier with ~zero biases."""
+    role = init_role(module)
+    if isinstance(module, ViT):
+        nn.init.zeros_(module.cls_token)
+        nn.init.normal_(module.pos_embed, std=0.02)  # BERT's, not truncated
+    elif isinstance(module, nn.Conv2d):  # the patch embedding
+        fan_in = module.in_channels * math.prod(module.kernel_size)
+        nn.init.trunc_normal_(module.weight, std=math.sqrt(1 / fan_in))
+        if module.bias is not None:
+            nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Linear) and role == "qkv":
+        xavier_uniform_fused_(module)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Linear) and role == "out":
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Linear) and role == "head":
+        # A zero head: every class starts at the same logit, and the first steps train the
+        # head on features the encoder already has instead of undoing a random readout.
+        nn.init.zeros_(module.weight)
+        nn.init.zeros_(module.bias)
+    elif isinstance(module, nn.Linear):  # the MLP's
+        nn.init.xavier_uniform_(module.weight)
+        nn.init.normal_(module.bias, std=1e-6)
+
+
+def _init_trunc_normal(module: nn.Module) -> None:
+    """Truncated N(0, 0.02) for every linear weight, the class token and the position
+    embedding, zero linear biases; the patch embedding and norms keep their defaults."""
+    if isinstance(module, ViT):
+        nn.init.trunc_normal_(module.pos_embed, std=0.02)
+        nn.init.trunc_normal_(module.cls_token, std=0.02)
+    elif isinstance(module, nn.Linear):
+        nn.init.trunc_normal_(module.weight, std=0.02)
+        nn.init.zeros_(module.bias)

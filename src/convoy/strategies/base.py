@@ -29,6 +29,7 @@ from torch import nn
 
 from convoy.config import StrategySection
 from convoy.distributed import is_distributed
+from convoy.models.init import InitialWeights
 
 ShardLayout = Literal["flat_per_unit", "per_parameter"]
 CommBuffers = Literal["none", "ddp_buckets", "fsdp_units"]
@@ -162,8 +163,20 @@ class Strategy:
         """True when the strategy casts parameters itself, so the engine must not autocast."""
         return self.casts_parameters and self.compute_dtype != torch.float32
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        return model.to(self.device)
+    def wrap(self, model: nn.Module, weights: InitialWeights | None = None) -> nn.Module:
+        """The model laid out for training on this rank. ``weights``: the model was built on
+        the meta device (``convoy.models.init``) and these fill it, on the rank's part of it
+        only where the strategy shards; None: it is real already."""
+        return self.place(model, weights)
+
+    def place(self, model: nn.Module, weights: InitialWeights | None) -> nn.Module:
+        """The whole model, real and on this rank's device: a meta-built one materialized
+        there and filled (one copy, as ``single`` and ``ddp`` hold)."""
+        if weights is None:
+            return model.to(self.device)
+        weights.materialize(model, self.device)
+        weights.fill(model)
+        return model
 
     @contextlib.contextmanager
     def no_sync(self, model: nn.Module) -> Iterator[None]:

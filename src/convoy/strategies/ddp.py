@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from convoy.config import DDPStrategyConfig
+from convoy.models.init import InitialWeights
 from convoy.strategies.base import LightningCounterpart, MemoryTracking, Strategy
 
 
@@ -62,8 +63,8 @@ class DDPStrategy(Strategy):
     def comm_passes(cls, cfg: Any) -> float:
         return 2.0  # one all-reduce of the gradients
 
-    def wrap(self, model: nn.Module) -> nn.Module:
-        model = model.to(self.device)
+    def wrap(self, model: nn.Module, weights: InitialWeights | None = None) -> nn.Module:
+        model = self.place(model, weights)
         ddp = DistributedDataParallel(
             model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,

@@ -19,6 +19,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from convoy.config import FSDPStrategyConfig
+from convoy.models.init import InitialWeights
 from convoy.strategies.base import LightningCounterpart, Sharding, Strategy, transformer_blocks
 
 SHARDING = {
@@ -58,7 +59,7 @@ class FSDPStrategy(Strategy):
         # shard_grad_op keeps parameters gathered after forward; no_shard is DDP's all-reduce.
         return 3.0 if cfg.sharding == "full_shard" else 2.0
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, weights: InitialWeights | None = None) -> nn.Module:
         block_classes = {type(block) for block in transformer_blocks(model)}
         policy = (
             functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=block_classes)
@@ -72,8 +73,17 @@ class FSDPStrategy(Strategy):
                 reduce_dtype=torch.float32,  # gradients are averaged in full precision
                 buffer_dtype=self.compute_dtype,
             )
+        # A meta-built model is materialized and filled by FSDP one module at a time as it
+        # wraps each unit (param_init_fn), before it flattens and shards the unit: a rank
+        # holds its shards and one unit whole, never the model.
+        init = (
+            None
+            if weights is None
+            else functools.partial(weights.materialize_and_fill, device=self.device)
+        )
         return FSDP(
-            model.to(self.device),
+            model if weights is not None else model.to(self.device),
+            param_init_fn=init,
             auto_wrap_policy=policy,
             sharding_strategy=SHARDING[self.cfg.sharding],
             mixed_precision=mixed,

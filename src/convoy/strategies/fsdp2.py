@@ -27,6 +27,7 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from convoy.config import FSDP2StrategyConfig
+from convoy.models.init import InitialWeights
 from convoy.strategies.base import (
     LightningCounterpart,
     MemoryTracking,
@@ -111,7 +112,10 @@ class FSDP2Strategy(Strategy):
         """The mesh the parameters are sharded over (data parallel)."""
         return self.meshes()[0]
 
-    def wrap(self, model: nn.Module) -> nn.Module:
+    def wrap(self, model: nn.Module, weights: InitialWeights | None = None) -> nn.Module:
+        """Tensor parallelism, then ``fully_shard`` per block and on the root. A meta-built
+        model (``weights``) is laid out on meta, then only the rank's shards are materialized
+        and filled (TorchTitan's order): no rank holds the whole model."""
         # Pinned host memory needs an accelerator; on a CPU-only run plain memory is right.
         pin = self.device.type == "cuda"
         offload = CPUOffloadPolicy(pin_memory=pin) if self.cfg.cpu_offload else OffloadPolicy()
@@ -122,7 +126,7 @@ class FSDP2Strategy(Strategy):
             "offload_policy": offload,
             "reshard_after_forward": self.cfg.reshard_after_forward,
         }
-        if not self.cfg.cpu_offload:
+        if not self.cfg.cpu_offload and weights is None:
             model = model.to(self.device)
         data_parallel, tensor_parallel = self.meshes()
         options["mesh"] = data_parallel
@@ -131,6 +135,10 @@ class FSDP2Strategy(Strategy):
         for block in transformer_blocks(model):
             fully_shard(block, **options)
         fully_shard(model, **options)
+        if weights is not None:
+            # Offloaded shards live in host memory (FSDP2 moves them in for each unit).
+            weights.materialize(model, torch.device("cpu") if self.cfg.cpu_offload else self.device)
+            weights.fill(model)
         return model
 
     @contextlib.contextmanager
