@@ -106,11 +106,15 @@ def saved_llama(
     with_tokenizer: bool = True,
     tokenizer_vocab: int | None = None,
     max_positions: int = 128,
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
 ) -> Path:
     """A tiny Llama (2 layers, hidden 32, ~30 k parameters) saved with ``save_pretrained``
     into ``folder``: config.json, model.safetensors and, ``with_tokenizer``, a byte-level BPE
     of ``tokenizer_vocab`` tokens (default: ``vocab_size``, the model's). Its pad, BOS and EOS
-    are the tokenizer's special token, id 0. Seeded: the same weights every time."""
+    are the tokenizer's special token, id 0. Seeded: the same weights every time. ``dtype``:
+    the weights' dtype on disk; ``max_shard_size``: split into shards of at most that (with
+    ``model.safetensors.index.json``), as the Hub ships large models."""
     import transformers
 
     transformers.utils.logging.disable_progress_bar()  # "Writing model shards" is noise here
@@ -130,7 +134,9 @@ def saved_llama(
     )
     with torch.random.fork_rng():
         torch.manual_seed(0)
-        transformers.LlamaForCausalLM(config).save_pretrained(str(folder))
+        model = transformers.LlamaForCausalLM(config).to(dtype)
+        sharding = {"max_shard_size": max_shard_size} if max_shard_size else {}
+        model.save_pretrained(str(folder), **sharding)
     if with_tokenizer:
         save_tokenizer(folder, tokenizer_vocab or vocab_size)
     return folder

@@ -74,8 +74,9 @@ def initial_full_states(
     ctx: WorkerContext, jobs: list[Job], data_shape: dict[str, int]
 ) -> list[dict[str, Any]]:
     """Each job's model as the engine builds it (on meta where it can), laid out by the job's
-    strategy and filled, then gathered whole: the full state dicts on rank 0 (empty on the
-    others). For tests that the initial weights do not depend on the layout."""
+    strategy and filled, then gathered whole: for each job, ``state`` (the full state dict on
+    rank 0, empty on the others) and ``bytes_read_per_rank`` (what each rank read from an
+    ``hf`` folder's files). For tests that the initial weights do not depend on the layout."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
 
@@ -99,7 +100,9 @@ def initial_full_states(
             else:
                 options = StateDictOptions(full_state_dict=True, cpu_offload=True)
                 state = get_model_state_dict(model, options=options)
-            states.append(state if ctx.is_main else {})
+            folder = getattr(weights, "folder", None)
+            read = all_gather_objects(folder.bytes_read if folder is not None else 0)
+            states.append({"state": state if ctx.is_main else {}, "bytes_read_per_rank": read})
     return states
 
 

@@ -19,7 +19,7 @@ from torch import nn
 from convoy.config import Job, load_job
 from convoy.distributed import WorkerContext
 from convoy.models.init import InitialWeights, parameters_on_meta
-from convoy.models.registry import build_skeleton
+from convoy.models.registry import build_initial, build_skeleton
 from convoy.testing import initial_full_states, run_on_gloo
 from hf_fixtures import LLAMA_TINY, hf_overrides
 
@@ -57,7 +57,7 @@ def single_states(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[st
     tmp = tmp_path_factory.mktemp("single")
     jobs = {model: layout_job(tmp, model, "single", 1) for model in MODELS}
     states = initial_full_states(WorkerContext(), list(jobs.values()), SHAPE)
-    return dict(zip(jobs, states, strict=True))
+    return {model: found["state"] for model, found in zip(jobs, states, strict=True)}
 
 
 @pytest.mark.parametrize("workers", sorted(LAYOUTS))
@@ -68,7 +68,8 @@ def test_every_layout_starts_from_singles_weights(
     cases = [(m, s, x) for m in MODELS for s, x in LAYOUTS[workers]]
     jobs = [layout_job(tmp_path, m, s, workers, *x) for m, s, x in cases]
     states = run_on_gloo(initial_full_states, workers, jobs, SHAPE)[0]
-    for (model, strategy, extra), state in zip(cases, states, strict=True):
+    for (model, strategy, extra), found in zip(cases, states, strict=True):
+        state = found["state"]
         reference = single_states[model]
         assert state.keys() == reference.keys(), (model, strategy, extra)
         different = [k for k in reference if not torch.equal(state[k], reference[k])]
@@ -188,3 +189,87 @@ def test_a_users_factory_builds_on_meta_only_where_it_says_how(
         weights.materialize(model, torch.device("cpu"))
         weights.fill(model)
     assert torch.equal(model.linear.weight, torch.full((4, 4), weight))
+
+
+@pytest.fixture(scope="module")
+def sharded_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A Llama saved by transformers in bf16, in shards with their index, as the Hub ships it."""
+    pytest.importorskip("transformers")
+    from hf_fixtures import saved_llama
+
+    folder = saved_llama(
+        tmp_path_factory.mktemp("llama"), dtype=torch.bfloat16, max_shard_size="20KB"
+    )
+    assert len(list(folder.glob("model-*-of-*.safetensors"))) >= 3
+    assert (folder / "model.safetensors.index.json").is_file()
+    return folder
+
+
+def folder_job(tmp: Path, folder: Path, strategy: str, workers: int) -> Job:
+    return layout_job(
+        tmp, "gpt", strategy, workers, "model.name=hf", f"model.kwargs={{path: {folder}}}"
+    )
+
+
+def test_a_sharded_bf16_folder_loads_by_slice_as_transformers_loads_it(
+    sharded_folder: Path, tmp_path: Path
+) -> None:
+    """fsdp2 x 2: each rank reads only its rows (about half the bytes), in fp32; the state
+    gathered whole is transformers' own from_pretrained's, and so are the logits."""
+    import transformers
+
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        str(sharded_folder), dtype=torch.float32, local_files_only=True
+    ).eval()
+    expected = {f"model.{k}": v for k, v in reference.state_dict().items()}
+    shape = {"vocab_size": 320}
+    job = folder_job(tmp_path, sharded_folder, "fsdp2", 2)
+    found = run_on_gloo(initial_full_states, 2, [job], shape)[0][0]
+    state, read = found["state"], found["bytes_read_per_rank"]
+    assert state.keys() == expected.keys()
+    assert all(torch.equal(state[k], expected[k]) for k in expected)
+    stored = sum(p.numel() * 2 for p in reference.parameters())  # bf16 on disk
+    assert all(0.4 * stored < r < 0.6 * stored for r in read), (read, stored)
+    model = build_initial("hf", {"path": str(sharded_folder)}, shape, seed=0).eval()
+    tokens = torch.randint(0, 320, (2, 12), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        torch.testing.assert_close(
+            model(tokens), reference(input_ids=tokens).logits, rtol=0, atol=0
+        )
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        ("missing_shard", "lists model-00002-of-"),
+        ("wrong_shape", "with shape"),
+        ("bin_only", "not safetensors"),
+    ],
+)
+def test_a_broken_folder_is_named_in_one_line(
+    sharded_folder: Path, tmp_path: Path, damage: str, message: str
+) -> None:
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from convoy.errors import ConfigError
+
+    folder = tmp_path / "llama"
+    shutil.copytree(sharded_folder, folder)
+    shards = sorted(folder.glob("model-*-of-*.safetensors"))
+    if damage == "missing_shard":
+        shards[1].unlink()
+    elif damage == "wrong_shape":
+        tensors = load_file(shards[0])
+        name = next(iter(tensors))
+        tensors[name] = torch.zeros(3, 5, dtype=tensors[name].dtype)
+        save_file(tensors, shards[0], metadata={"format": "pt"})
+    else:
+        for shard in shards:
+            shard.unlink()
+        (folder / "model.safetensors.index.json").unlink()
+        (folder / "pytorch_model.bin").write_bytes(b"")
+    with pytest.raises(ConfigError, match=message) as caught:
+        build_skeleton("hf", {"path": str(folder)}, {"vocab_size": 320}, seed=0)
+    assert "\n" not in str(caught.value) and "model.kwargs.path" in str(caught.value)

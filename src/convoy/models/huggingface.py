@@ -34,6 +34,8 @@ from torch import nn
 
 from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import missing_extra
+from convoy.models.hf_weights import FolderWeights, weight_files
+from convoy.models.init import building_on_meta
 
 HEADS = ("auto", "causal_lm", "sequence_classification", "image_classification", "regression")
 """``model.kwargs.head``: which ``transformers`` head the model gets."""
@@ -83,8 +85,35 @@ def hf(
         hf_config.image_size = image_size
     if head != "causal_lm" and pad_token_id is not None:
         hf_config.pad_token_id = pad_token_id  # what the data pads token rows with
-    model = build_hf_model(hf_config, head, path)
-    return HuggingFaceModel(model, head, block_class)
+    files = weight_files(Path(path)) if path is not None else []
+    # Built on meta by the engine, the folder's weights are read later, by slice, into each
+    # rank's shards (convoy.models.hf_weights), not whole here.
+    read_now = bool(files) and not building_on_meta()
+    model = HuggingFaceModel(
+        build_hf_model(hf_config, head, path if read_now else None), head, block_class
+    )
+    if files:
+        assert path is not None
+        folder = FolderWeights(Path(path), files)
+        check_folder_matches(folder, model)
+        if not read_now:
+            model.__dict__["weights_folder"] = folder
+    return model
+
+
+def check_folder_matches(folder: FolderWeights, model: nn.Module) -> None:
+    """The folder's tensors fit the config's model: shapes equal, and not every parameter
+    missing (a folder of another architecture)."""
+    missing = folder.check(model)
+    total = sum(1 for _ in model.parameters())
+    if missing and len(missing) >= total:
+        stored = next(iter(folder.tensors), "nothing")
+        raise ConfigError(
+            "model.kwargs.path",
+            str(folder.folder),
+            f"none of its tensors is a parameter of the config's model (it has {stored!r}; "
+            f"the model has {missing[0]!r})",
+        )
 
 
 def load_config(path: str | None, config: dict[str, Any] | None) -> Any:
@@ -212,10 +241,9 @@ def build_hf_model(config: Any, head: str, path: str | None) -> nn.Module:
     """The model, float32, with the folder's weights where it has them. On the meta device
     (the driver's checks) nothing is read."""
     auto = head_class(head, config)
-    folder_weights = path is not None and any(Path(path).glob("*.safetensors"))
     on_meta = torch.empty(0).device.type == "meta"
     try:
-        if folder_weights and not on_meta:
+        if path is not None and not on_meta:
             return auto.from_pretrained(
                 path, config=config, local_files_only=True, dtype=torch.float32
             )

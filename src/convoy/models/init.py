@@ -38,6 +38,7 @@ import torch
 from torch import nn
 
 from convoy.errors import ConfigError
+from convoy.models.hf_weights import FolderWeights
 
 InitModule = Callable[[nn.Module], None]
 
@@ -63,6 +64,15 @@ def init_in_place(model: nn.Module) -> None:
         init_module(module)
 
 
+_META_BUILDS = [0]
+
+
+def building_on_meta() -> bool:
+    """Whether a ``parameters_on_meta`` build is under way: a factory that would read weights
+    (``hf`` from a folder) leaves them for ``InitialWeights`` to read by slice."""
+    return _META_BUILDS[0] > 0
+
+
 @contextlib.contextmanager
 def parameters_on_meta() -> Iterator[None]:
     """Inside: every parameter a module registers goes to the meta device (it is allocated
@@ -76,9 +86,11 @@ def parameters_on_meta() -> Iterator[None]:
         register(module, name, param)
 
     nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign, assignment]
+    _META_BUILDS[0] += 1
     try:
         yield
     finally:
+        _META_BUILDS[0] -= 1
         nn.Module.register_parameter = register  # type: ignore[method-assign]
 
 
@@ -104,6 +116,8 @@ class InitialWeights:
         assert callable(init_module), "built on meta only where the model has init_module"
         self.init_module: InitModule = init_module
         self.seed = seed
+        self.folder: FolderWeights | None = getattr(model, "weights_folder", None)
+        """Trained weights to read in (``hf`` from a folder); the init fills what it lacks."""
         self.model_name = type(model).__name__
         # A meta copy (buffers copied: small) keeps the untouched layout the values are made
         # in; the strategy is free to change the model's (DTensors, wrappers).
@@ -153,10 +167,20 @@ class InitialWeights:
         }
         if twin is None or not (todo or any(b is not None for b in module._buffers.values())):
             return
-        values = self._unit_values(self.unit_of[id(twin)])[id(twin)]
+        name = self.names[id(twin)]
+        values: dict[str, torch.Tensor] | None = None
         for key, param in todo.items():
-            _copy_into(param, values[key])
+            qualified = f"{name}.{key}" if name else key
+            if self.folder is not None and self.folder.stored_name(qualified) is not None:
+                self.folder.load_into(qualified, param)
+            else:
+                if values is None:
+                    values = self._unit_values(self.unit_of[id(twin)])[id(twin)]
+                _copy_into(param, values[key])
             self.filled.add(id(param))
+        if self.folder is not None:
+            return  # buffers keep what __init__ computed (rotary tables)
+        values = values or self._unit_values(self.unit_of[id(twin)])[id(twin)]
         for key, buffer in module._buffers.items():
             if buffer is not None and key in values:
                 _copy_into(buffer, values[key])

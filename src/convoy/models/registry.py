@@ -90,13 +90,6 @@ def build_model(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -
         raise ConfigError("model.kwargs", kwargs, f"{name} rejected them: {exc}") from None
 
 
-READS_WEIGHTS: dict[str, Callable[[dict[str, Any]], bool]] = {
-    "hf": lambda kwargs: kwargs.get("path") is not None,
-}
-"""Built-in factories that may read trained weights in (``hf`` from a folder): never built
-on meta, where the weights would be dropped."""
-
-
 def build_skeleton(
     name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int
 ) -> tuple[nn.Module, InitialWeights | None]:
@@ -124,8 +117,6 @@ def build_initial(
 
 
 def _may_build_on_meta(name: str, kwargs: dict[str, Any]) -> bool:
-    if name in READS_WEIGHTS:
-        return not READS_WEIGHTS[name](kwargs)
     factory = resolve_factory(name)
     while isinstance(factory, functools.partial):
         factory = factory.func
