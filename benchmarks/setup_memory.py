@@ -81,7 +81,9 @@ def measure(tree: Path) -> dict[str, list[dict[str, Any]]]:
         text=True,
         check=True,
     ).stdout
-    return json.loads(out.strip().splitlines()[-1])
+    results: dict[str, list[dict[str, Any]]] = json.loads(out.strip().splitlines()[-1])
+    print(f"{tree}: {json.dumps(results)}", flush=True)  # kept if what follows fails
+    return results
 
 
 def measure_here() -> None:
@@ -108,7 +110,9 @@ def train_run(tmp: Path) -> dict[str, Any]:
         "-o",
         "run.log_every_steps=1",
         "-o",
-        "checkpoint.enabled=false",
+        "checkpoint.every_epochs=null",
+        "-o",
+        "checkpoint.every_steps=null",
         "-o",
         f"run.storage_dir={tmp}",
         "-o",

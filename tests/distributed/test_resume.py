@@ -169,8 +169,19 @@ def test_fsdp2_checkpoint_resumes_under_tensor_parallel(
     run(resumed, 2)
     expected, got = saved.final, final_model(resumed, tmp_path)
     assert expected.keys() == got.keys()
-    for name, tensor in expected.items():
-        torch.testing.assert_close(got[name], tensor, rtol=1e-5, atol=1e-6, msg=name)
+    far = {
+        name: float((got[name] - tensor).abs().max())
+        for name, tensor in expected.items()
+        if not torch.allclose(got[name], tensor, rtol=1e-5, atol=key_bias_atol(name))
+    }
+    assert not far, far
+
+
+def key_bias_atol(name: str) -> float:
+    """The key projection's bias has no gradient in exact arithmetic (softmax ignores what
+    it adds to a whole row of scores): what it gets is rounding, which Adam scales up to
+    steps of ~1e-6 that differ with the order of additions. Everything else: 1e-6."""
+    return 1e-5 if name.endswith("attn.k.bias") else 1e-6
 
 
 def test_partial_checkpoint_is_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
