@@ -1,4 +1,5 @@
-"""Export round trip: safetensors from a (sharded) checkpoint reproduce the recorded metrics."""
+"""Export round trip: safetensors from a (sharded) checkpoint reproduce the recorded metrics,
+in one file or split over --max-shard-size."""
 
 from __future__ import annotations
 
@@ -6,14 +7,23 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
+from safetensors.torch import load_file
 
 import convoy
 from convoy.checkpoint import CHECKPOINT_DIR, META_FILE
 from convoy.cli import main
 from convoy.config import load_job
 from convoy.errors import ConfigError
-from convoy.export import MODEL_FILE, WEIGHTS_FILE, evaluate_exported, load_exported
+from convoy.export import (
+    MODEL_FILE,
+    WEIGHTS_FILE,
+    evaluate_exported,
+    load_exported,
+    read_weights,
+    weight_files,
+)
 from convoy.outputs import CONFIG_FILE
 from convoy.testing import run_on_gloo, train_on_rank
 
@@ -49,6 +59,17 @@ def test_fsdp2_checkpoint_exports_and_reproduces_test_metrics(
     assert measured["test/acc"] == recorded["test/acc"]
     assert measured["test/samples"] == 359
     assert measured["test/loss"] == pytest.approx(recorded["test/loss"], rel=1e-6)
+
+    # Over --max-shard-size: shards and their index, the same tensors, the same metrics.
+    sharded = tmp_path / "sharded"
+    export = ["export", str(job.run_dir), "--out", str(sharded), "--max-shard-size", "40KB"]
+    assert main(export) == 0
+    assert capsys.readouterr().out.endswith(f"to {sharded} (3 shards and their index)\n")
+    assert len(weight_files(sharded)) == 3 and not (sharded / WEIGHTS_FILE).exists()
+    whole, shards = load_file(out / WEIGHTS_FILE), read_weights(sharded)
+    assert whole.keys() == shards.keys()
+    assert all(torch.equal(whole[key], shards[key]) for key in whole)
+    assert evaluate_exported(sharded) == measured
 
     capsys.readouterr()
     assert main(["evaluate", str(out)]) == 0

@@ -1,6 +1,8 @@
-"""``convoy export RUN_DIR [--checkpoint step_N] [--format safetensors|hf]``: one checkpoint,
-consolidated from its shards, as a single-device model.safetensors plus model.json, or (for
-``model.name: hf`` runs) as a folder ``transformers`` loads."""
+"""``convoy export RUN_DIR [--checkpoint step_N] [--format safetensors|hf] [--max-shard-size 5GB]``:
+one checkpoint, consolidated from its shards, as a single-device model.safetensors plus
+model.json, or (for ``model.name: hf`` runs) as a folder ``transformers`` loads. Weights over
+``--max-shard-size`` are split into ``model-0000k-of-0000n.safetensors`` with their index;
+they stream from the checkpoint a file at a time, so the memory it takes is one file's."""
 
 from __future__ import annotations
 
@@ -13,6 +15,9 @@ from convoy.storage import is_remote
 FORMATS = ("safetensors", "hf")
 """``--format`` choices (``convoy.export`` names them too; it is imported only to export)."""
 
+MAX_SHARD_SIZE = "5GB"
+"""``--max-shard-size``'s default, ``transformers``' own (``convoy.export`` names it too)."""
+
 
 def add_parser(commands: Any) -> None:
     """Add the ``export`` sub-command to ``convoy``'s sub-parsers."""
@@ -21,7 +26,9 @@ def add_parser(commands: Any) -> None:
         help="export a checkpoint to one safetensors file or a transformers folder",
         description="Consolidate a run's checkpoint (sharded by any strategy and world size) "
         "on one CPU device and write it with model.json (the job, its data's shape and the "
-        "recorded metrics) beside it; convoy evaluate takes either export.",
+        "recorded metrics) beside it; convoy evaluate takes either export. The weights are "
+        "read from the checkpoint and written one file at a time: the memory it takes is "
+        "about one --max-shard-size file, not the model.",
     )
     parser.add_argument(
         "run", help="the run directory, <run.storage_dir>/<run.name> (a path or s3:// URI)"
@@ -39,6 +46,15 @@ def add_parser(commands: Any) -> None:
         "transformers' auto classes and AutoTokenizer load",
     )
     parser.add_argument(
+        "--max-shard-size",
+        default=MAX_SHARD_SIZE,
+        metavar="SIZE",
+        help=f"the largest weights file (default {MAX_SHARD_SIZE}, transformers' own): 5GB, "
+        "500MB (powers of 1000), 2GiB (powers of 1024) or bytes; weights over it are split into "
+        "model-0000k-of-0000n.safetensors with model.safetensors.index.json, as "
+        "save_pretrained writes them",
+    )
+    parser.add_argument(
         "--out",
         help="output directory (default: <run>/export/<checkpoint>, <checkpoint>-hf for hf; "
         "for an s3:// run, ./export/<run name>/<checkpoint>)",
@@ -54,9 +70,12 @@ def run(args: argparse.Namespace) -> int:
         export_checkpoint,
         export_hf,
         find_checkpoint,
+        parse_size,
         read_description,
+        weight_files,
     )
 
+    shard_bytes = parse_size(args.max_shard_size)
     checkpoint = find_checkpoint(args.run, args.checkpoint)
     folder = checkpoint if args.format == "safetensors" else f"{checkpoint}-{args.format}"
     if args.out:
@@ -66,9 +85,15 @@ def run(args: argparse.Namespace) -> int:
     else:
         out = Path(args.run) / "export" / folder
     if args.format == "safetensors":
-        print(f"exported {checkpoint} to {export_checkpoint(args.run, out, checkpoint)}")
+        export_checkpoint(args.run, out, checkpoint, shard_bytes)
+        print(f"exported {checkpoint} to {out}{in_shards(weight_files(out))}")
         return 0
-    export_hf(args.run, out, checkpoint)
+    export_hf(args.run, out, checkpoint, shard_bytes)
     note = TOKENIZER_NOTES[read_description(out)["tokenizer"]]
-    print(f"exported {checkpoint} to {out} for transformers; {note}")
+    print(f"exported {checkpoint} to {out}{in_shards(weight_files(out))} for transformers; {note}")
     return 0
+
+
+def in_shards(files: list[str]) -> str:
+    """What the output line says of the weight files: nothing for one, their count for more."""
+    return f" ({len(files)} shards and their index)" if len(files) > 1 else ""

@@ -1,11 +1,14 @@
-"""What every export format starts from: one committed checkpoint read into one CPU model.
+"""What every export format starts from: one committed checkpoint and the job that wrote it.
 
 ``read_checkpoint`` names the checkpoint (the one asked for, or the latest) and reads its
 ``meta.json``: the job that wrote it, the data's shape, the step and the metrics recorded
-for it. ``consolidated_model`` builds that job's model on one CPU device and reads only the
-model entries of the sharded DCP checkpoint into it: DCP reshards from any world size and
-strategy, with no process group. ``description`` is the ``model.json`` every export keeps
-beside its weights, so that ``convoy evaluate`` can rebuild the job's data and task.
+for it. ``skeleton_model`` builds that job's model on the meta device: its names, shapes and
+tied weights, with no memory behind them, which is all an export needs of the model (the
+weights stream from the checkpoint, ``shards``). ``consolidated_model`` builds it whole on
+one CPU device and reads only the model entries of the sharded DCP checkpoint into it: DCP
+reshards from any world size and strategy, with no process group. ``description`` is the
+``model.json`` every export keeps beside its weights, so that ``convoy evaluate`` can
+rebuild the job's data and task.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
@@ -24,7 +28,6 @@ from convoy.config import Job, job_from_saved
 from convoy.errors import ConvoyError
 from convoy.models.registry import build_model
 
-WEIGHTS_FILE = "model.safetensors"
 MODEL_FILE = "model.json"
 
 
@@ -60,6 +63,13 @@ def read_checkpoint(run: str | Path, checkpoint: str | None = None) -> SavedChec
 def build_job_model(job: Job, data_shape: dict[str, int]) -> nn.Module:
     """The job's model, untrained, for data of this shape."""
     return build_model(job.model.name, job.model.kwargs, data_shape)
+
+
+def skeleton_model(saved: SavedCheckpoint) -> nn.Module:
+    """The checkpoint's model on the meta device: its state dict's names, shapes, dtypes and
+    ties, with no memory behind them and nothing read."""
+    with torch.device("meta"):
+        return build_job_model(saved.job, saved.meta["data_shape"])
 
 
 def consolidated_model(saved: SavedCheckpoint) -> nn.Module:

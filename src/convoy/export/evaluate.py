@@ -1,8 +1,8 @@
 """Read an export back (either format) and measure it on its job's test split.
 
 ``load_exported`` rebuilds the job's model from ``model.json`` and the export's weights: a
-``safetensors`` export under Convoy's keys, an ``hf`` export through ``transformers`` from
-the folder itself. ``evaluate_exported`` runs the job's task on the job's data in one
+``safetensors`` export under Convoy's keys (one file, or shards with their index), an ``hf``
+export through ``transformers`` from the folder itself. ``evaluate_exported`` runs the job's task on the job's data in one
 process, as training measured it, so the metrics can be put beside the recorded ones.
 """
 
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file
 from torch import nn
 
 from convoy.config import job_from_saved
@@ -21,7 +20,8 @@ from convoy.data.registry import check_dataset, load_splits
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
 from convoy.errors import ConvoyError
-from convoy.export.consolidate import WEIGHTS_FILE, build_job_model, read_description
+from convoy.export.consolidate import build_job_model, read_description
+from convoy.export.shards import read_weights
 from convoy.export.to_hf import HF_FORMAT, load_hf_export
 from convoy.metrics import MetricsManager
 from convoy.strategies.single import SingleStrategy
@@ -35,7 +35,7 @@ def load_exported(export_dir: Path) -> tuple[nn.Module, dict[str, Any]]:
     if described["format"] == HF_FORMAT:
         return load_hf_export(export_dir, job, described["data_shape"]), described
     model = build_job_model(job, described["data_shape"])
-    model.load_state_dict(load_file(str(export_dir / WEIGHTS_FILE)))
+    model.load_state_dict(read_weights(export_dir))
     return model.eval(), described
 
 

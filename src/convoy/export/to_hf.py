@@ -1,11 +1,18 @@
 """``convoy export --format hf``: a folder ``transformers`` loads, for ``model.name: hf`` runs.
 
-The consolidated checkpoint's inner ``transformers`` model writes itself with
-``save_pretrained``: ``config.json`` (with the data's vocabulary or labels, as trained),
-``generation_config.json`` for a head that generates, and ``model.safetensors`` under the
-Hub's keys, a tied weight once (``from_pretrained`` ties it again). The task's auto class
-then loads the folder: ``AutoModelForCausalLM``, ``AutoModelForSequenceClassification`` or
-``AutoModelForImageClassification``.
+What ``save_pretrained`` writes, without the model: the job's model is built on the meta
+device (names, shapes, ties; no memory), and its ``config.json`` (with the data's vocabulary
+or labels, as trained) and, for a head that generates, ``generation_config.json`` are
+written from it. The weights stream from the checkpoint a shard at a time (``shards``),
+under the Hub's keys (Convoy's less the ``model.`` of ``HuggingFaceModel``), a tied weight
+once, as ``save_pretrained`` keeps it (``from_pretrained`` ties it again): one
+``model.safetensors``, or shards of at most ``--max-shard-size`` with
+``model.safetensors.index.json``. The task's auto class then loads the folder:
+``AutoModelForCausalLM``, ``AutoModelForSequenceClassification`` or
+``AutoModelForImageClassification``. A model whose weights ``transformers`` converts on
+saving (a mixture of experts whose experts it fuses when loading) is the exception: its
+weights are converted all at once, so it is consolidated whole and ``save_pretrained``
+writes it, in shards of the same size.
 
 The tokenizer is the one that made the training ids, so ``AutoTokenizer`` gives the ids the
 model learned: the run's BPE (its ``tokenizer.json``) or the 256 UTF-8 bytes, each wrapped
@@ -24,8 +31,10 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
+from convoy.checkpoint import local_copy
 from convoy.config import Job
 from convoy.data.tokenizer import byte_level_chars
 from convoy.errors import ConvoyError
@@ -34,7 +43,15 @@ from convoy.export.consolidate import (
     consolidated_model,
     description,
     read_checkpoint,
+    skeleton_model,
     write_description,
+)
+from convoy.export.shards import (
+    DEFAULT_MAX_SHARD_SIZE,
+    TensorEntry,
+    checkpoint_tensors,
+    parse_size,
+    write_shards,
 )
 from convoy.integrations.mlflow import log_export
 from convoy.models.huggingface import HuggingFaceModel, transformers_module
@@ -69,22 +86,88 @@ TOKENIZER_NOTES = {
 """What ``model.json``'s ``tokenizer`` means, as the command says it."""
 
 
-def export_hf(run: str | Path, out_dir: Path, checkpoint: str | None = None) -> Path:
+HUB_PREFIX = "model."
+"""Convoy's key of a Hub weight: ``HuggingFaceModel`` holds the ``transformers`` model as
+``model``."""
+
+
+def export_hf(
+    run: str | Path,
+    out_dir: Path,
+    checkpoint: str | None = None,
+    max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
     """Write a ``transformers`` folder (plus ``model.json``) for a checkpoint of an ``hf``
-    run; returns ``out_dir``."""
+    run, its weights in shards of at most ``max_shard_size`` bytes; returns ``out_dir``."""
+    shard_bytes = parse_size(max_shard_size)
     saved = read_checkpoint(run, checkpoint)
     check_hf_job(saved.job)
-    model = consolidated_model(saved)
-    assert isinstance(model, HuggingFaceModel)
     out_dir.mkdir(parents=True, exist_ok=True)
-    transformers = transformers_module()
-    transformers.utils.logging.disable_progress_bar()  # one small bar per file written
-    inner: Any = model.model  # a transformers PreTrainedModel
-    inner.save_pretrained(str(out_dir))
+    inner: Any = skeleton_model(saved).model  # a transformers PreTrainedModel, on meta
+    weights = hub_weights(inner)
+    if weights is None:
+        save_consolidated(saved, out_dir, shard_bytes)
+    else:
+        write_hf_config(inner, out_dir)
+        with local_copy(saved.run, saved.name) as path:
+            write_shards(path, hub_entries(path, weights), out_dir, shard_bytes)
     tokenizer = write_tokenizer(saved, out_dir)
     write_description(out_dir, description(saved, HF_FORMAT) | {"tokenizer": tokenizer})
     log_export(run, out_dir, f"{saved.name}-{HF_FORMAT}")  # beside a safetensors export
     return out_dir
+
+
+def hub_weights(inner: Any) -> dict[str, torch.Tensor] | None:
+    """The weights ``save_pretrained`` writes for this (meta) model, in its order, by name:
+    its state dict less the keys it ignores on saving and the tied copies. None where
+    ``transformers`` converts weights on saving, which takes them all at once."""
+    from transformers.core_model_loading import revert_weight_conversion
+    from transformers.modeling_utils import remove_tied_weights_from_state_dict
+
+    state = inner.state_dict()
+    for ignored in inner._keys_to_ignore_on_save or ():
+        state.pop(ignored, None)
+    kept: dict[str, torch.Tensor] = remove_tied_weights_from_state_dict(state, inner)
+    converted = revert_weight_conversion(inner, dict(kept))
+    return kept if set(converted) == set(kept) else None
+
+
+def hub_entries(path: Path, weights: dict[str, torch.Tensor]) -> list[TensorEntry]:
+    """The checkpoint's tensors (at ``path``) of these Hub weights of the model, named as the
+    Hub names them, in the model's dtype; one line where the checkpoint lacks one or holds
+    it in another shape."""
+    held = checkpoint_tensors(path)
+    entries = []
+    for name, weight in weights.items():
+        found = held.get(HUB_PREFIX + name)
+        if found is None or found.shape != tuple(weight.shape):
+            has = "no tensor" if found is None else f"a tensor of shape {list(found.shape)}"
+            raise ConvoyError(
+                f"checkpoint {path.name} has {has} for the job's model's {HUB_PREFIX}{name} "
+                f"(shape {list(weight.shape)}): it was written by another model"
+            )
+        entries.append(TensorEntry(name, found.key, found.shape, weight.dtype))
+    return entries
+
+
+def write_hf_config(inner: Any, out_dir: Path) -> None:
+    """``config.json`` (and ``generation_config.json`` for a head that generates), as
+    ``save_pretrained`` writes them for this model."""
+    inner.config.dtype = str(inner.dtype).split(".")[1]
+    inner.config.architectures = [type(inner).__name__]
+    inner.config.save_pretrained(str(out_dir))
+    if inner.can_generate():
+        inner.generation_config.save_pretrained(str(out_dir))
+
+
+def save_consolidated(saved: SavedCheckpoint, out_dir: Path, shard_bytes: int) -> None:
+    """The whole model, read into one CPU model and written by ``save_pretrained``: for a
+    model whose weights ``transformers`` converts on saving."""
+    model = consolidated_model(saved)
+    assert isinstance(model, HuggingFaceModel)
+    transformers_module().utils.logging.disable_progress_bar()  # one small bar per file
+    inner: Any = model.model
+    inner.save_pretrained(str(out_dir), max_shard_size=shard_bytes)
 
 
 def check_hf_job(job: Job) -> None:
