@@ -21,7 +21,7 @@ import contextlib
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Protocol
 
 import torch
 import torch.distributed as dist
@@ -29,7 +29,21 @@ from torch import nn
 
 from convoy.config import StrategySection
 from convoy.distributed import is_distributed
-from convoy.models.init import InitialWeights
+
+
+class InitialWeights(Protocol):
+    """What fills a model built on the meta device once a strategy has laid it out
+    (``convoy.models.init.InitialWeights``): strategies call it, models provide it."""
+
+    def materialize(self, model: nn.Module, device: torch.device) -> None:
+        """Real, unset memory for what this rank holds of ``model``."""
+
+    def fill(self, model: nn.Module) -> None:
+        """Every parameter's initial values, this rank's part."""
+
+    def materialize_and_fill(self, module: nn.Module, device: torch.device) -> None:
+        """One module's own tensors, made real and filled (FSDP1's ``param_init_fn``)."""
+
 
 ShardLayout = Literal["flat_per_unit", "per_parameter"]
 CommBuffers = Literal["none", "ddp_buckets", "fsdp_units"]

@@ -16,8 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from convoy.config import DDPStrategyConfig
-from convoy.models.init import InitialWeights
-from convoy.strategies.base import LightningCounterpart, MemoryTracking, Strategy
+from convoy.strategies.base import InitialWeights, LightningCounterpart, MemoryTracking, Strategy
 
 
 def compress_hook(dtype: torch.dtype) -> Callable[..., torch.futures.Future[torch.Tensor]]:

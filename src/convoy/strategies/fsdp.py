@@ -19,8 +19,13 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
 
 from convoy.config import FSDPStrategyConfig
-from convoy.models.init import InitialWeights
-from convoy.strategies.base import LightningCounterpart, Sharding, Strategy, transformer_blocks
+from convoy.strategies.base import (
+    InitialWeights,
+    LightningCounterpart,
+    Sharding,
+    Strategy,
+    transformer_blocks,
+)
 
 SHARDING = {
     "full_shard": ShardingStrategy.FULL_SHARD,

@@ -27,8 +27,8 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.distributed.tensor import DTensor
 
 from convoy.config import FSDP2StrategyConfig
-from convoy.models.init import InitialWeights
 from convoy.strategies.base import (
+    InitialWeights,
     LightningCounterpart,
     MemoryTracking,
     Sharding,
