@@ -65,6 +65,9 @@ class GPT(nn.Module):
     own seed, whatever the layout (``convoy.models.init``).
     """
 
+    init_unit = "module"
+    """``init_module`` sets a module's own parameters only (``convoy.models.init``)."""
+
     def __init__(
         self,
         vocab_size: int = 256,

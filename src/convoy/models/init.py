@@ -109,7 +109,9 @@ class InitialWeights:
     (its FSDP units), and the rest of the model. Inside a unit, modules are initialized
     children first (as ``transformers`` does), so a module's ``init_module`` may also set its
     children's parameters (GPT-2's scaled ``c_proj``), and the unit's values still do not
-    depend on the layout."""
+    depend on the layout. A model whose ``init_module`` sets only a module's own parameters
+    says so with ``init_unit = "module"`` (Convoy's built-ins): each module is then a unit of
+    its own, and set-up holds at most one module's parameters whole beside the shards."""
 
     def __init__(self, model: nn.Module, seed: int) -> None:
         init_module = getattr(model, "init_module", None)
@@ -237,7 +239,11 @@ class InitialWeights:
 
 
 def _units(model: nn.Module) -> dict[int, nn.Module]:
-    """Each module's init unit (by id): the block it is in, or the model for the rest."""
+    """Each module's init unit (by id): itself, where the model's ``init_unit`` is
+    ``"module"`` (its ``init_module`` sets a module's own parameters only); otherwise the
+    block it is in, or the model for the rest."""
+    if getattr(model, "init_unit", "block") == "module":
+        return {id(m): m for m in model.modules()}
     unit_of = {id(m): model for m in model.modules()}
     blocks = getattr(model, "blocks", None)
     if isinstance(blocks, nn.ModuleList):

@@ -19,6 +19,9 @@ class MLPBlock(nn.Module):
 
 
 class MLP(nn.Module):
+    init_unit = "module"
+    """``init_module`` sets a module's own parameters only (``convoy.models.init``)."""
+
     def __init__(
         self,
         image_size: int = 8,

@@ -41,6 +41,9 @@ class ConvBlock(nn.Module):
 class Conv1dNet(nn.Module):
     """Series (B, in_channels, seq_len) -> class logits (B, num_classes)."""
 
+    init_unit = "module"
+    """``init_module`` sets a module's own parameters only (``convoy.models.init``)."""
+
     def __init__(
         self,
         in_channels: int = 6,

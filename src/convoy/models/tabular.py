@@ -27,6 +27,9 @@ class TabularBlock(nn.Module):
 class TabularMLP(nn.Module):
     """Rows (B, num_features) -> outputs (B, num_outputs), e.g. sklearn's diabetes (10 -> 1)."""
 
+    init_unit = "module"
+    """``init_module`` sets a module's own parameters only (``convoy.models.init``)."""
+
     def __init__(
         self,
         num_features: int = 10,

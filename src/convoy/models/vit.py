@@ -55,6 +55,9 @@ class ViT(nn.Module):
     LayerNorm's epsilon (torchvision uses 1e-6, ``nn.LayerNorm``'s default is 1e-5).
     """
 
+    init_unit = "module"
+    """``init_module`` sets a module's own parameters only (``convoy.models.init``)."""
+
     def __init__(
         self,
         image_size: int = 32,
