@@ -51,7 +51,9 @@ class SelfAttention(nn.Module):
         mark(self.proj, init_role="out")
         self.register_load_state_dict_pre_hook(_split_fused_qkv)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: a boolean ``(B, 1, T, T)`` mask (True: may attend), for packed samples
+        (``convoy.models.packing``); None: causal or full, as built."""
         batch, tokens, _ = x.shape
         # -1 heads: all of them, or this rank's share under tensor parallelism.
         q, k, v = (
@@ -59,7 +61,10 @@ class SelfAttention(nn.Module):
             for linear in (self.q, self.k, self.v)
         )  # each: batch, heads, tokens, head_dim
         dropout = self.dropout if self.training else 0.0
-        out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.causal)
+        if mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=self.causal)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout)
         return self.proj(out.transpose(1, 2).reshape(batch, tokens, -1))
 
     def qkv_projections(self) -> list[nn.Linear]:

@@ -27,6 +27,7 @@ from torch import nn
 from convoy.models.attention import SelfAttention
 from convoy.models.head_loss import check_head_loss, head_loss_sum, resolve_head_loss
 from convoy.models.init import init_in_place, mark
+from convoy.models.packing import block_causal_mask, token_inputs
 from convoy.models.tensor_parallel import sequence_parallel_block_plan
 
 INIT_STD = 0.02
@@ -43,8 +44,10 @@ class GPTBlock(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(hidden, mlp), nn.GELU(), nn.Linear(mlp, hidden))
         self.drop = nn.Dropout(dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.norm1(x)))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """``mask``: packed samples' block-causal mask (``convoy.models.packing``)."""
+        # By keyword: tensor parallelism's input hooks lay out the positional stream only.
+        x = x + self.drop(self.attn(self.norm1(x), mask=mask))
         return x + self.drop(self.mlp(self.norm2(x)))
 
     def residual_projections(self) -> list[nn.Linear]:
@@ -117,12 +120,14 @@ class GPT(nn.Module):
     asks for it in training)."""
 
     def forward(
-        self, input_ids: torch.Tensor, targets: torch.Tensor | None = None, ignore_index: int = -100
+        self, input_ids: Any, targets: torch.Tensor | None = None, ignore_index: int = -100
     ) -> torch.Tensor:
         """Next-token logits ``(B, T, vocab)``; with ``targets``, the cross-entropy *sum* over
         the targets that are not ``ignore_index`` (the head and the loss as one step where
-        that pays, see ``head_loss``)."""
-        hidden = self.norm(self.hidden_states(input_ids))
+        that pays, see ``head_loss``). ``input_ids``: token ids ``(B, T)``, or packed samples
+        ``{"input_ids", "position_ids"}`` (``convoy.models.packing``)."""
+        tokens, positions = token_inputs(input_ids)
+        hidden = self.norm(self.hidden_states(tokens, positions))
         if targets is None:
             return self.head(hidden)
         rows, vocab = targets.numel(), self.head.weight.shape[0]
@@ -134,18 +139,25 @@ class GPT(nn.Module):
             )
         return head_loss_sum(hidden, self.head.weight, targets, ignore_index, path)
 
-    def hidden_states(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """The last block's output, before the final norm and the head."""
+    def hidden_states(
+        self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """The last block's output, before the final norm and the head. ``position_ids``:
+        packed samples' positions, restarting per sample; each attends within itself."""
         tokens = input_ids.shape[1]
         if tokens > self.context_length:
             raise ValueError(
                 f"sequence length {tokens} is longer than the model's context_length "
                 f"{self.context_length}"
             )
-        positions = torch.arange(tokens, device=input_ids.device)
+        mask = None
+        if position_ids is None:
+            positions = torch.arange(tokens, device=input_ids.device)
+        else:
+            positions, mask = position_ids, block_causal_mask(position_ids)
         x = self.drop(self.token_embed(input_ids) + self.pos_embed(positions))
         for block in self.blocks:
-            x = block(x)
+            x = block(x) if mask is None else block(x, mask=mask)
         return x
 
     def tensor_parallel_plan(self, tp_size: int) -> dict[str, Any]:

@@ -36,6 +36,7 @@ from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import missing_extra
 from convoy.models.hf_weights import FolderWeights, weight_files
 from convoy.models.init import building_on_meta
+from convoy.models.packing import token_inputs
 
 HEADS = ("auto", "causal_lm", "sequence_classification", "image_classification", "regression")
 """``model.kwargs.head``: which ``transformers`` head the model gets."""
@@ -293,12 +294,15 @@ class HuggingFaceModel(nn.Module):
         init_weights: Any = getattr(self.model, "_init_weights")  # noqa: B009 (a method)
         init_weights(module)
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
+    def forward(self, inputs: Any) -> torch.Tensor:
         """Logits: ``(B, T, vocab)`` for a causal LM, ``(B, labels)`` for the others."""
         if self.images:
             return self.model(pixel_values=inputs).logits
         if self.head_kind == "causal_lm":  # packed sequences: no padding to mask
-            return self.model(input_ids=inputs, use_cache=False).logits
+            # Packed samples' positions restart per sample: with no attention mask and no
+            # cache, transformers masks attention within each (convoy.models.packing).
+            tokens, positions = token_inputs(inputs)
+            return self.model(input_ids=tokens, position_ids=positions, use_cache=False).logits
         pad = self.config.pad_token_id
         mask = None if pad is None else inputs.ne(pad).long()  # padded rows of token ids
         return self.model(input_ids=inputs, attention_mask=mask).logits
