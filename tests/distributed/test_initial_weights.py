@@ -280,3 +280,21 @@ def test_a_broken_folder_is_named_in_one_line(
     with pytest.raises(ConfigError, match=message) as caught:
         build_skeleton("hf", {"path": str(folder)}, {"vocab_size": 320}, seed=0)
     assert "\n" not in str(caught.value) and "model.kwargs.path" in str(caught.value)
+
+
+class ReadsItsWeights(TinyWithInit):
+    """Reads a parameter's value in ``__init__``: cannot be built on meta."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.scale = float(self.linear.weight.sum().item())
+
+
+def test_a_factory_that_cannot_build_on_meta_is_named_before_any_worker() -> None:
+    from convoy.errors import ConfigError
+    from convoy.models.registry import check_builds_on_meta
+
+    with pytest.raises(ConfigError, match="built with its parameters on the meta device") as caught:
+        check_builds_on_meta("test_initial_weights:ReadsItsWeights", {}, {})
+    assert "\n" not in str(caught.value) and "model.name" in str(caught.value)
+    check_builds_on_meta("test_initial_weights:tiny", {}, {})  # built for real: nothing to say

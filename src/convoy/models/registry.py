@@ -23,7 +23,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from convoy.errors import ConfigError, one_of
+from convoy.errors import ConfigError, ConvoyError, one_of
 from convoy.imports import import_attribute
 from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
 from convoy.models.huggingface import hf
@@ -124,21 +124,50 @@ def _may_build_on_meta(name: str, kwargs: dict[str, Any]) -> bool:
     return not isinstance(factory, type) or callable(getattr(factory, "init_module", None))
 
 
+def check_builds_on_meta(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -> None:
+    """The driver's check: a model that will be built on the meta device builds there (a
+    ``ConfigError`` in one line where its factory fails on meta)."""
+    if _may_build_on_meta(name, kwargs):
+        _try_on_meta(name, kwargs, data_shape)
+
+
 def _try_on_meta(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -> nn.Module | None:
     """The model built with its parameters on meta, or None where it has no ``init_module``
-    or its factory copied values into them (weights it loaded, which meta would drop)."""
+    or its factory copied values into them (weights it loaded, which meta would drop). A
+    factory that fails on meta is a ``ConfigError`` if its model has ``init_module`` (it asked
+    to be built there); otherwise None: it is built for real, as before."""
     with (
         torch.random.fork_rng(devices=[]),  # a build that is thrown away leaves no trace
         parameters_on_meta(),
         warnings.catch_warnings(record=True) as caught,
     ):
         warnings.simplefilter("always")
-        model = build_model(name, kwargs, data_shape)
+        try:
+            model = build_model(name, kwargs, data_shape)
+        except ConvoyError:
+            raise
+        except Exception as exc:
+            if not _class_has_init_module(name):
+                return None
+            raise ConfigError(
+                "model.name",
+                name,
+                f"it has init_module, so it is built with its parameters on the meta device, "
+                f"and its factory failed there ({type(exc).__name__}: {exc}); make __init__ "
+                "create parameters without reading their values, or drop init_module",
+            ) from None
     loaded = any("meta parameter" in str(w.message) for w in caught)
     for w in caught:
         if "meta parameter" not in str(w.message):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return model if builds_on_meta(model) and not loaded else None
+
+
+def _class_has_init_module(name: str) -> bool:
+    factory = resolve_factory(name)
+    while isinstance(factory, functools.partial):
+        factory = factory.func
+    return isinstance(factory, type) and callable(getattr(factory, "init_module", None))
 
 
 def count_parameters(model: nn.Module) -> int:
