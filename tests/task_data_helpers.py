@@ -129,9 +129,12 @@ class PlannedMLP(torch.nn.Module):
         return {"blocks.*.up": ColwiseParallel(), "blocks.*.down": RowwiseParallel()}
 
 
-def dict_inputs(rows: int = 8) -> dict[str, Any]:
-    """A user data factory whose inputs are dicts of tensors (for loaders that need tensors)."""
-    items = [({"features": torch.full((3,), float(i))}, torch.tensor(i % 2)) for i in range(rows)]
+def tuple_inputs(rows: int = 8) -> dict[str, Any]:
+    """A user data factory whose inputs are tuples of tensors (for loaders that need a tensor,
+    or a dict of them)."""
+    items = [
+        ((torch.full((3,), float(i)), torch.zeros(2)), torch.tensor(i % 2)) for i in range(rows)
+    ]
     return {"train": items, "val": items, "test": items, "shape": {"num_classes": 2}}
 
 

@@ -23,7 +23,7 @@ from torch.utils.data import default_collate
 from convoy.batches import move_to, tensors_in
 from convoy.config import Job, layout_name, tp_size_of
 from convoy.data.base import Splits
-from convoy.data.registry import check_dataset, load_splits
+from convoy.data.registry import check_dataset, check_loaded, load_splits
 from convoy.data.shards import ShardedSplit
 from convoy.engine.flops import small_enough_to_run
 from convoy.engine.sinks import TRACKING_SINKS
@@ -56,6 +56,7 @@ def preflight(job: Job) -> Job:
     check_model_device(job)
     check_dataset(job.data)
     splits = load_splits(job.data)
+    check_loaded(job.data, splits)
     sample = sample_batch(job, splits)
     check_loader(job, splits, sample)
     check_task_data(job, task, splits)
@@ -138,7 +139,8 @@ def resolve_best_mode(job: Job, task: Task, splits: Splits) -> Job:
 
 def check_loader(job: Job, splits: Splits, sample: tuple[Any, Any]) -> None:
     """A streamed source reads no DataLoader processes; ``data.loader: ray_data`` carries
-    samples as tensor columns: inputs and targets must be tensors (not dicts or tuples)."""
+    samples as tensor columns: inputs and targets must be tensors (inputs may be a dict of
+    them: a column each), not tuples."""
     if isinstance(splits.train, ShardedSplit) and job.data.num_workers:
         raise ConfigError(
             "data.num_workers",
@@ -150,12 +152,15 @@ def check_loader(job: Job, splits: Splits, sample: tuple[Any, Any]) -> None:
     if not job.data_from_driver:
         return
     for what, value in zip(("inputs", "targets"), sample, strict=True):
-        if not isinstance(value, torch.Tensor):
+        named = what == "inputs" and isinstance(value, dict)
+        columns = value.values() if named else [value]
+        if not all(isinstance(column, torch.Tensor) for column in columns):
             raise ConfigError(
                 "data.loader",
                 "ray_data",
-                f"Ray Data carries each sample's inputs and targets as one tensor each; the "
-                f"{what} of {job.data.name!r} are {_describe(value)}: use data.loader: torch",
+                f"Ray Data carries each sample's inputs (a tensor, or a dict of them) and "
+                f"targets as tensor columns; the {what} of {job.data.name!r} are "
+                f"{_describe(value)}: use data.loader: torch",
             )
 
 

@@ -189,10 +189,10 @@ def check(overrides: list[str]) -> str:
             [
                 "data.loader=ray_data",
                 "scaling.launcher=ray",
-                "data.name=task_data_helpers:dict_inputs",
+                "data.name=task_data_helpers:tuple_inputs",
             ],
             "data.loader:",
-            "the inputs of 'task_data_helpers:dict_inputs' are a dict",
+            "the inputs of 'task_data_helpers:tuple_inputs' are a list of 2",
         ),
     ],
 )

@@ -67,6 +67,10 @@ class RayDataConfig(Section):
         return value
 
 
+SFT_FIELDS = ("chat_template", "train_on", "packing", "long_rows")
+"""The fields only ``data.name: sft`` reads."""
+
+
 class DataConfig(Section):
     name: str = "digits"
     """A registered dataset (``convoy list``) or a user factory ``package.module:fn`` that
@@ -84,7 +88,8 @@ class DataConfig(Section):
     """text, and hf_dataset's text: 'bpe' trains a byte-level BPE on the training split
     (tokenizers library); 'bytes' uses the 256 UTF-8 byte values (no training, no vocabulary
     file); 'model' uses the tokenizer saved in a pretrained model's folder
-    (``tokenizer_path``; the hf extra), its whole vocabulary, added tokens included."""
+    (``tokenizer_path``; the hf extra), its whole vocabulary, added tokens included. sft
+    always uses 'model' (its default there)."""
     tokenizer_path: str | None = None
     """tokenizer 'model': the folder that holds it (``tokenizer.json``, or the files
     transformers converts: ``tokenizer.model``, ``vocab.json`` + ``merges.txt``,
@@ -100,6 +105,21 @@ class DataConfig(Section):
     ``text_column``), 'class' (``label_column`` as classes: integers, strings or a ClassLabel)
     or 'value' (``label_column`` as numbers, standardized). Filled from task.name for the
     built-in tasks; a task of your own names it."""
+    chat_template: str | None = None
+    """sft: the chat template that renders message rows, a Jinja string or a file holding
+    one; default: the tokenizer's own (``chat_template`` in its folder's
+    ``tokenizer_config.json``, or ``chat_template.jinja``)."""
+    train_on: Literal["assistant", "last_assistant", "all"] = "assistant"
+    """sft: the tokens trained (the others' targets are -100): 'assistant', every assistant
+    turn's content and end-of-turn token (a prompt/completion row's completion); 'last_assistant',
+    only the last assistant turn; 'all', every token. A plain text row trains every token."""
+    packing: bool = True
+    """sft: samples are packed into rows of ``seq_len`` tokens, ``position_ids`` restarting
+    at 0 at each sample's first token (where the model finds its boundaries); false: one
+    sample a row, padded to ``seq_len``."""
+    long_rows: Literal["cut", "skip"] = "cut"
+    """sft: a sample longer than ``seq_len`` tokens is cut to its first ``seq_len`` ('cut')
+    or left out ('skip'); either is counted and reported."""
     feature_columns: list[str] | None = None
     """hf_dataset with target 'class' or 'value': the numeric columns (numbers, or lists of
     numbers of one length) that form each row's features, in order, standardized with the
@@ -145,6 +165,30 @@ class DataConfig(Section):
     """Training-only augmentation: pad by this many pixels and crop back at a random offset."""
     augment_flip: bool = False
     """Training-only augmentation: flip images horizontally with probability 1/2."""
+
+    @model_validator(mode="after")
+    def _sft_fields(self) -> DataConfig:
+        """sft tokenizes with a model's tokenizer (``tokenizer: model`` unless the recipe
+        names another, which is refused); its own fields are refused for other sources
+        (compared with their defaults: a saved job writes every field)."""
+        if self.name == "sft" and self.tokenizer != "model":
+            if "tokenizer" in self.model_fields_set:
+                raise ConfigError(
+                    "data.tokenizer",
+                    self.tokenizer,
+                    "sft renders rows with a model's chat template and tokenizer: use "
+                    "data.tokenizer: model (its default)",
+                )
+            object.__setattr__(self, "tokenizer", "model")  # frozen, still being built
+        if self.name == "sft":
+            return self
+        for key in SFT_FIELDS:
+            value = getattr(self, key)
+            if value != type(self).model_fields[key].default:
+                raise ConfigError(
+                    f"data.{key}", value, f"read only by data.name: sft (got {self.name!r})"
+                )
+        return self
 
     @model_validator(mode="after")
     def _tokenizer_path_needs_model(self) -> DataConfig:

@@ -91,7 +91,7 @@ def check_hf_dataset_path(path: str | None) -> Path:
         return root
     if not root.is_dir():
         raise ConfigError("data.path", path, f"no such file or folder; {EXPECTED}")
-    if not (_is_saved(root) or any(root.rglob("*.parquet"))):
+    if not (is_saved(root) or any(root.rglob("*.parquet"))):
         looked = " or ".join(" + ".join(files) for files in SAVED_FILES)
         raise ConfigError(
             "data.path", path, f"neither {looked} nor .parquet files in it; {EXPECTED}"
@@ -99,7 +99,8 @@ def check_hf_dataset_path(path: str | None) -> Path:
     return root
 
 
-def _is_saved(root: Path) -> bool:
+def is_saved(root: Path) -> bool:
+    """Whether ``save_to_disk`` wrote ``root``: a Dataset's two files, or a DatasetDict's one."""
     return any(all((root / name).is_file() for name in files) for files in SAVED_FILES)
 
 
@@ -109,7 +110,7 @@ def read_tables(cfg: DataConfig) -> dict[str, Any]:
     datasets = datasets_module()
     if root.is_file():
         return {"train": _read_parquet([root])}
-    if _is_saved(root):
+    if is_saved(root):
         loaded = datasets.load_from_disk(str(root))
         parts = dict(loaded) if isinstance(loaded, datasets.DatasetDict) else {"train": loaded}
         # The arrow format hands over the memory-mapped table, its features in its metadata.

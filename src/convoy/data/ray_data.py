@@ -12,8 +12,9 @@ groups (the driver checks only the footers and the label column).
 - streamed sources (``series``, a sharded text corpus) are read, decoded, tokenized and packed
   in the tasks, one row group per call;
 - every other source (sensor series, table rows, packed token sequences, user datasets)
-  becomes tensor columns ``x`` and ``y`` of its finished samples, so a batch is exactly the
-  torch loader's collate of the same rows;
+  becomes tensor columns ``x`` and ``y`` of its finished samples (inputs that are a dict of
+  tensors, as ``sft``'s ``input_ids`` and ``position_ids``, a column ``x.<key>`` each), so a
+  batch is exactly the torch loader's collate of the same rows;
 - preprocessing runs as Ray tasks or an actor pool (``data.ray_data.compute``, ``concurrency``)
   inside the CPUs reserved for Ray Data (``cpu_shares``).
 
@@ -55,7 +56,7 @@ import numpy as np
 import torch
 
 from convoy.config import Job
-from convoy.data.base import SizedDataset, Splits, TensorImageDataset, augment
+from convoy.data.base import Collated, SizedDataset, Splits, TensorImageDataset, augment
 from convoy.data.encoded import EncodedImageDataset, ImageRecord, decode_record, rgb_to_tensor
 from convoy.data.parquet import (
     COLUMNS,
@@ -68,6 +69,8 @@ from convoy.data.samplers import eval_rows_per_rank
 from convoy.data.shards import ShardedSplit, list_shards, scan_shards
 
 EVAL_SPLITS = ("val", "test")
+INPUTS = "x"
+"""The column of a sample's inputs; ``x.<key>`` for each key of inputs that are a dict."""
 ROWS_PER_BLOCK = 256
 """Rows per block of in-memory sources: blocks are what the block-order shuffle permutes."""
 
@@ -82,8 +85,8 @@ class Preprocess:
 
     kind: str
     """"encoded": rows hold a file path or encoded bytes; "array": a raw image tensor;
-    "tensor": finished samples ``x`` and targets ``y`` (sensor series, table rows, token
-    sequences), passed through."""
+    "tensor": finished samples ``x`` (or ``x.<key>`` columns) and targets ``y`` (sensor
+    series, table rows, token sequences), passed through."""
     image_size: int = 0
     mean: tuple[float, ...] = ()
     std: tuple[float, ...] = ()
@@ -94,7 +97,8 @@ class Preprocess:
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         if self.kind == "tensor":  # the source already made the samples
-            return {"index": batch["index"], "x": batch["x"], "y": batch["y"]}
+            kept = ("index", "y", *input_columns(batch))
+            return {name: batch[name] for name in kept}
         images = self._decode(batch) if self.kind == "encoded" else self._scale(batch["image"])
         # Only what training needs leaves the pipeline (no bytes, paths or names).
         if self.crop_padding or self.flip:
@@ -201,6 +205,26 @@ def concat_columns(batches: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray
     return {name: np.concatenate([b[name] for b in batches]) for name in batches[0]}
 
 
+def input_columns(columns: Any) -> list[str]:
+    """The names among ``columns`` that carry a sample's inputs: ``x``, or ``x.<key>``."""
+    return [name for name in columns if name == INPUTS or name.startswith(f"{INPUTS}.")]
+
+
+def as_columns(inputs: Any) -> dict[str, Any]:
+    """Inputs (an array or tensor, or a dict of them) as the columns that carry them."""
+    if isinstance(inputs, dict):
+        return {f"{INPUTS}.{key}": value for key, value in inputs.items()}
+    return {INPUTS: inputs}
+
+
+def from_columns(columns: dict[str, Any]) -> Any:
+    """A batch's inputs from its columns (``as_columns`` undone)."""
+    if INPUTS in columns:
+        return columns[INPUTS]
+    prefix = f"{INPUTS}."
+    return {name[len(prefix) :]: v for name, v in columns.items() if name.startswith(prefix)}
+
+
 Transform = Preprocess | ReadRowGroups | ReadChunks
 
 
@@ -289,7 +313,7 @@ def _raw_columns(dataset: SizedDataset, rows: RowSet) -> dict[str, np.ndarray]:
         columns = {name: np.array([r[name] for r in records], dtype=object) for name in records[0]}
         return {**columns, "index": index, "label": columns["label"].astype(np.int64)}
     x, y = sample_arrays(dataset, rows)
-    return {"index": index, "x": x, "y": y}
+    return {"index": index, **as_columns(x), "y": y}
 
 
 @dataclass
@@ -304,6 +328,8 @@ class TrainUnits:
     read: ReadRowGroups | ReadChunks
     window: int
     """Units whose rows are shuffled together."""
+    inputs: tuple[str, ...] = (INPUTS,)
+    """The columns that carry a sample's inputs (``x``, or ``x.<key>`` of a dict)."""
 
 
 def chunk_rows(rows: int, world_size: int) -> int:
@@ -324,12 +350,13 @@ def _train_units(job: Job, train: SizedDataset, world_size: int) -> TrainUnits:
     # class order (an image folder) would otherwise give windows of a few classes.
     order = np.random.default_rng([job.run.seed, 11]).permutation(len(train))
     starts = range(0, len(train), size)
-    chunks = tuple(ray.put(_raw_columns(train, order[start : start + size])) for start in starts)
+    raw = [_raw_columns(train, order[start : start + size]) for start in starts]
     return TrainUnits(
         rows=[min(size, len(train) - start) for start in starts],
-        items=[{"position": p} for p in range(len(chunks))],
-        read=ReadChunks(chunks, _preprocess_of(train)),
+        items=[{"position": p} for p in range(len(raw))],
+        read=ReadChunks(tuple(ray.put(chunk) for chunk in raw), _preprocess_of(train)),
         window=max(1, job.data.ray_data.shuffle_buffer_rows // size),
+        inputs=tuple(input_columns(raw[0])) if raw else (INPUTS,),
     )
 
 
@@ -348,19 +375,41 @@ def row_group_slices(split: ShardedSplit, rows: range) -> list[dict[str, int]]:
     return slices
 
 
-def sample_arrays(dataset: SizedDataset, rows: RowSet) -> tuple[np.ndarray, np.ndarray]:
-    """``rows`` of a dataset as two stacked arrays (inputs, targets), as the DataLoader's
-    collate makes them; every sample must have the same shapes."""
+def sample_arrays(dataset: SizedDataset, rows: RowSet) -> tuple[Any, np.ndarray]:
+    """``rows`` of a dataset as stacked arrays (inputs, targets), as the DataLoader's collate
+    makes them (inputs that are a dict of tensors: a dict of arrays); every sample must have
+    the same shapes."""
     tensors = getattr(dataset, "tensors", None)
     if isinstance(tensors, tuple) and len(tensors) == 2:  # a TensorDataset: no per-item calls
         return _take(tensors[0], rows).numpy(), _take(tensors[1], rows).numpy()
-    first = [torch.as_tensor(t) for t in dataset[int(rows[0]) if len(rows) else 0]]
-    x = np.empty((len(rows), *first[0].shape), dtype=first[0].numpy().dtype)
-    y = np.empty((len(rows), *first[1].shape), dtype=first[1].numpy().dtype)
+    if hasattr(dataset, "__getitems__") and len(rows):  # built whole per batch (Collated)
+        batch = dataset.__getitems__([int(row) for row in rows])
+        if isinstance(batch, Collated):
+            x, y = batch
+            return _numpy(x), _numpy(y)
+    first = dataset[int(rows[0]) if len(rows) else 0]
+    x_parts = as_columns(first[0])
+    x = {name: _empty_rows(len(rows), value) for name, value in x_parts.items()}
+    y = _empty_rows(len(rows), first[1])
     for i, row in enumerate(rows):
         sample, target = dataset[int(row)]
-        x[i], y[i] = torch.as_tensor(sample).numpy(), torch.as_tensor(target).numpy()
-    return x, y
+        for name, value in as_columns(sample).items():
+            x[name][i] = torch.as_tensor(value).numpy()
+        y[i] = torch.as_tensor(target).numpy()
+    return from_columns(x), y
+
+
+def _empty_rows(rows: int, value: Any) -> np.ndarray:
+    """An array for ``rows`` samples shaped as ``value``."""
+    array = torch.as_tensor(value).numpy()
+    return np.empty((rows, *array.shape), dtype=array.dtype)
+
+
+def _numpy(value: Any) -> Any:
+    """A tensor (or a dict of them) as numpy."""
+    if isinstance(value, dict):
+        return {key: _numpy(item) for key, item in value.items()}
+    return torch.as_tensor(value).numpy()
 
 
 RowSet = range | np.ndarray
@@ -478,15 +527,29 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
 
 
 def sample_spec(splits: Splits) -> list[Any]:
-    """[(shape, torch dtype name) of one input, of one target], from one eval sample."""
+    """[(shape, torch dtype name) of one input (a dict of them for a dict), of one target],
+    from one eval sample."""
     split = splits.val if len(splits.val) else splits.test
-    sample = [torch.as_tensor(t) for t in split[0]]  # targets may be Python numbers
-    return [(list(t.shape), str(t.dtype).removeprefix("torch.")) for t in sample]
+    return [_spec(value) for value in split[0]]
+
+
+def _spec(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {key: _spec(item) for key, item in value.items()}
+    tensor = torch.as_tensor(value)  # targets may be Python numbers
+    return (list(tensor.shape), str(tensor.dtype).removeprefix("torch."))
+
+
+def _spec_bytes(spec: Any) -> int:
+    if isinstance(spec, dict):
+        return sum(_spec_bytes(item) for item in spec.values())
+    shape, dtype = spec
+    return math.prod(shape) * getattr(torch, dtype).itemsize
 
 
 def _eval_bytes(splits: Splits, sample: list[Any]) -> int:
     """What the preprocessed val and test splits take as tensors."""
-    per_row = sum(math.prod(shape) * getattr(torch, dtype).itemsize for shape, dtype in sample)
+    per_row = sum(_spec_bytes(spec) for spec in sample)
     return (len(splits.val) + len(splits.test)) * per_row
 
 

@@ -24,6 +24,7 @@ from convoy.data.ray_data import (
     EVAL_SPLITS,
     ReadRowGroups,
     TrainUnits,
+    from_columns,
     preprocessed,
 )
 from convoy.data.streaming import PlannedTrainBatches, Rows
@@ -35,7 +36,7 @@ OBJECT_STORE_SHARE = 0.5
 def _as_batch(batch: dict[str, torch.Tensor], seen: list[int] | None) -> Batch:
     if seen is not None:
         seen += batch["index"].tolist()
-    return batch["x"], batch["y"]
+    return from_columns(batch), batch["y"]
 
 
 class RayTrainBatches(PlannedTrainBatches):
@@ -71,10 +72,11 @@ class RayTrainBatches(PlannedTrainBatches):
         )
 
     def __iter__(self) -> Iterator[Batch]:
-        for x, y, index in self._rows():
+        names = self.units.inputs
+        for *inputs, y, index in self._rows():
             if self.seen is not None:
                 self.seen += index.tolist()
-            yield x, y
+            yield from_columns(dict(zip(names, inputs, strict=True))), y
 
     def _read_windows(
         self, windows: list[list[int]], orders: Iterator[torch.Tensor], epoch: int
@@ -94,7 +96,9 @@ class RayTrainBatches(PlannedTrainBatches):
             prefetch_batches=self.job.data.ray_data.prefetch_batches,
         )
         sizes = [sum(self.rows[p] for p in window) for window in windows]
-        for parts, order in zip(cut_windows(iter(blocks), sizes), orders, strict=True):
+        columns = (*self.units.inputs, "y", "index")
+        windows_rows = cut_windows(iter(blocks), sizes, columns)
+        for parts, order in zip(windows_rows, orders, strict=True):
             yield tuple(part[order] for part in parts)
 
 
@@ -110,9 +114,13 @@ def units_dataset(
     return preprocessed(raw, units.read.with_seed(seed), job, True, pipelines)
 
 
-def cut_windows(blocks: Iterator[dict[str, np.ndarray]], sizes: list[int]) -> Iterator[Rows]:
-    """(inputs, targets, row indices) of windows of ``sizes`` rows, cut in order from blocks
-    of any length."""
+def cut_windows(
+    blocks: Iterator[dict[str, np.ndarray]],
+    sizes: list[int],
+    columns: tuple[str, ...] = ("x", "y", "index"),
+) -> Iterator[Rows]:
+    """The ``columns`` (the inputs', the targets, the row indices) of windows of ``sizes``
+    rows, cut in order from blocks of any length."""
     pending: list[dict[str, np.ndarray]] = []
     have = 0
     for size in sizes:
@@ -120,8 +128,8 @@ def cut_windows(blocks: Iterator[dict[str, np.ndarray]], sizes: list[int]) -> It
             block = next(blocks)
             pending.append(block)
             have += len(block["index"])
-        joined = {k: np.concatenate([b[k] for b in pending]) for k in ("x", "y", "index")}
-        yield tuple(torch.from_numpy(joined[k][:size]) for k in ("x", "y", "index"))
+        joined = {k: np.concatenate([b[k] for b in pending]) for k in columns}
+        yield tuple(torch.from_numpy(joined[k][:size]) for k in columns)
         pending = [{k: v[size:] for k, v in joined.items()}]
         have -= size
 
@@ -154,11 +162,16 @@ class RayEvalBatches:
             produced += 1
 
     def _empty(self) -> Batch:
-        (x_shape, x_dtype), (y_shape, y_dtype) = self.sample
-        return (
-            torch.zeros(1, *x_shape, dtype=getattr(torch, x_dtype)),
-            torch.zeros(1, *y_shape, dtype=getattr(torch, y_dtype)),
-        )
+        inputs, targets = self.sample
+        return _zeros(inputs), _zeros(targets)
+
+
+def _zeros(spec: Any) -> Any:
+    """One row of zeros shaped by a sample spec: (shape, dtype name), or a dict of them."""
+    if isinstance(spec, dict):
+        return {key: _zeros(item) for key, item in spec.items()}
+    shape, dtype = spec
+    return torch.zeros(1, *shape, dtype=getattr(torch, dtype))
 
 
 def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) -> WorkerData:
