@@ -21,7 +21,7 @@ export RAY_USAGE_STATS_ENABLED := 0
 # and `make lint` install every extra; that install also stands for `make run`'s, so `make run`
 # after `make test` installs nothing. A command whose extra is missing names its install line.
 RUN_EXTRAS := ray
-DEV_EXTRAS := ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune,hf
+DEV_EXTRAS := ray,s3,dev,text,sensors,k8s,plot,lightning,tracking,tune,hf,lora
 RUN_STAMP := $(VENV)/.installed-run
 STAMP := $(VENV)/.installed
 NEW_VENV := (test -x $(PY) || $(PYTHON) -m venv $(VENV)) && $(PY) -m pip install --quiet --upgrade pip

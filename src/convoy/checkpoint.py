@@ -37,7 +37,11 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
 
 from convoy.distributed import WorkerContext, barrier, is_distributed
 from convoy.errors import ConvoyError
@@ -184,8 +188,17 @@ class CheckpointManager:
         best: BestPolicy | None = None,
         reporter: CheckpointReporter | None = None,
         on_commit: Callable[[str, dict[str, Any]], None] | None = None,
+        trainable_only: bool = False,
     ) -> None:
         self.storage = storage
+        self.options = StateDictOptions(ignore_frozen_params=trainable_only)
+        # Loading them back leaves the frozen keys out on purpose (the keys that train are
+        # checked against the checkpoint's first, by check_model_keys).
+        self.load_options = StateDictOptions(
+            ignore_frozen_params=trainable_only, strict=not trainable_only
+        )
+        """``trainable_only`` (LoRA): the frozen base is not saved (it is rebuilt from the
+        model's folder or seed at every start), only what trains and its optimizer state."""
         self.ctx = ctx
         self.keep_latest = keep_latest
         self.best = best
@@ -247,7 +260,7 @@ class CheckpointManager:
         with self._storage_errors(name):
             written_to.mkdir(parents=True, exist_ok=True)
             _write_json(written_to / f"rng_rank{self.ctx.rank}.json", _rng_state())
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
         state = {"model": model_state, "optim": optim_state}
         meta = {
             "step": position.step,
@@ -389,7 +402,7 @@ class CheckpointManager:
             return None
         name = preferred if preferred in found else found[-1]
         meta = read_meta(self.storage, name)
-        model_state, optim_state = get_state_dict(model, optimizer)
+        model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
         with local_copy(self.storage, name) as path:
             check_model_keys(path, name, set(model_state))
             dcp.load(
@@ -400,7 +413,13 @@ class CheckpointManager:
             rng_file = path / f"rng_rank{self.ctx.rank}.json"
             rng = json.loads(rng_file.read_text()) if rng_file.exists() else None
         # dcp.load fills the given state dicts in place.
-        set_state_dict(model, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=model_state,
+            optim_state_dict=optim_state,
+            options=self.load_options,
+        )
         if meta["world_size"] == self.ctx.world_size and rng is not None:
             _set_rng_state(rng)
         self.save_seconds = meta.get("save_seconds")

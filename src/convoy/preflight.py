@@ -32,6 +32,7 @@ from convoy.imports import installed
 from convoy.integrations.lightning_checks import check_lightning
 from convoy.models.head_loss import check_head_loss_device
 from convoy.models.huggingface import HuggingFaceModel, repeated_classes
+from convoy.models.lora import check_layout as check_lora_layout
 from convoy.models.registry import build_model, check_builds_on_meta, check_model
 from convoy.strategies import strategy_class
 from convoy.strategies.blocks import compiled_targets, model_blocks
@@ -62,7 +63,8 @@ def preflight(job: Job) -> Job:
     check_task_data(job, task, splits)
     job = resolve_best_mode(job, task, splits)
     check_model_fits(job, task, splits, sample)
-    check_builds_on_meta(job.model.name, job.model.kwargs, splits.shape)
+    check_lora_layout(job.model.lora, tp_size_of(job.strategy))
+    check_builds_on_meta(job.model.name, job.model.kwargs, splits.shape, job.model.lora)
     if tp_size_of(job.strategy) > 1:
         check_sequence_split(job, _build(job, splits.shape), sample[0])
     if job.run.compile:

@@ -92,7 +92,7 @@ def initial_full_states(
                 job.strategy, ctx.device, dtype_from_name(job.precision), ctx.local_world_size
             )
             model, weights = build_skeleton(
-                job.model.name, job.model.kwargs, data_shape, job.run.seed
+                job.model.name, job.model.kwargs, data_shape, job.run.seed, job.model.lora
             )
             model = strategy.wrap(prepare_blocks(model, job.strategy, job.run.compile), weights)
             if isinstance(model, FSDP):

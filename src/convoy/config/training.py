@@ -18,6 +18,20 @@ class TaskConfig(Section):
     """Keyword arguments for the task's constructor."""
 
 
+class LoraConfig(Section):
+    """LoRA adapters through PEFT (the ``lora`` extra): every other parameter frozen."""
+
+    r: Annotated[int, Field(gt=0)] = 8
+    """The adapters' rank."""
+    alpha: Annotated[float, Field(gt=0)] = 16.0
+    """Their scale is alpha / r."""
+    dropout: Annotated[float, Field(ge=0, lt=1)] = 0.0
+    """Dropout on the adapters' input."""
+    target_modules: list[str] = Field(min_length=1)
+    """Names of the linear layers that get adapters (the last component, as PEFT matches
+    them: ``q_proj``, ``v_proj`` on Llama; ``q``, ``v`` on ``gpt``)."""
+
+
 class ModelConfig(Section):
     name: str = "vit_tiny"
     """A registered model name (see ``convoy.models``) or a user factory ``package.module:fn``."""
@@ -25,6 +39,9 @@ class ModelConfig(Section):
     """Keyword arguments for the factory; data-shaped ones the factory accepts
     (``num_classes``, ``in_channels``, ``image_size``, ``vocab_size``, ``num_features``...)
     default to the dataset's."""
+    lora: LoraConfig | None = None
+    """LoRA adapters (``convoy.models.lora``): only they train; checkpoints hold them and their
+    optimizer state, not the frozen base."""
 
 
 class RayDataConfig(Section):

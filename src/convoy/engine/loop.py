@@ -55,6 +55,7 @@ from convoy.engine.stop import (
 )
 from convoy.engine.summary import Throughput, Timers, rank_interval, run_summary, unit_rate
 from convoy.errors import ConfigError
+from convoy.models.lora import trainable_counts
 from convoy.models.registry import build_model, count_parameters
 from convoy.outputs import TOKENIZER_FILE, RunOutputs
 from convoy.storage import RunStorage
@@ -144,8 +145,8 @@ def _train_and_summarize(
     sizes = data.sizes
     layout = layout_name(job.strategy.name, tp_size_of(job.strategy))
     header = (
-        f"convoy: {job.model.name} ({count_parameters(state.strategy.unwrap(state.model)):,} "
-        f"params on rank 0) | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
+        f"convoy: {job.model.name} ({parameter_summary(job, state.strategy.unwrap(state.model))}"
+        f") | {job.data.name} via {job.data.loader}: {sizes['train']} train / "
         f"{sizes['val']} val / {sizes['test']} test | {layout} x {ctx.world_size} | "
         f"{job.precision} | global batch {job.data.batch_size} | {total_steps} steps"
     )
@@ -172,6 +173,18 @@ def _train_and_summarize(
     summary["reference_metrics"] = dict(data.meta.get("reference_metrics", {}))
     state.events.emit(EndEvent(summary))
     return summary
+
+
+def parameter_summary(job: Job, model: torch.nn.Module) -> str:
+    """The model's parameter count for the run's first line; with LoRA, what trains of it
+    (the figures PEFT's ``print_trainable_parameters`` gives)."""
+    if job.model.lora is None:
+        return f"{count_parameters(model):,} params on rank 0"
+    trainable, total = trainable_counts(model)
+    return (
+        f"{total:,} params, {trainable:,} trainable ({100 * trainable / total:.2f}%: LoRA r="
+        f"{job.model.lora.r} on {', '.join(job.model.lora.target_modules)})"
+    )
 
 
 def _run_epochs(

@@ -116,7 +116,9 @@ def build_state(
     for this rank's ``share`` of each batch."""
     shape = data.shape
     task = build_task(job.task.name, job.task.kwargs)
-    model, weights = build_skeleton(job.model.name, job.model.kwargs, shape, job.run.seed)
+    model, weights = build_skeleton(
+        job.model.name, job.model.kwargs, shape, job.run.seed, job.model.lora
+    )
     if weights is None and strategy.sharding.parameters and ctx.world_size > 1 and ctx.rank == 0:
         warn_whole_on_every_rank(job.model.name, model)
     no_decay = no_decay_names(model)
@@ -175,6 +177,7 @@ def restore(job: Job, ctx: WorkerContext, state: TrainState, storage: RunStorage
         on_commit=lambda path, meta: state.events.emit(
             CheckpointEvent(meta["step"], state.epoch + 1, path, meta.get("metrics", {}))
         ),
+        trainable_only=job.model.lora is not None,
     )
     for partial in partial_checkpoints(storage):
         state.events.message(

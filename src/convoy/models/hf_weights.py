@@ -96,8 +96,9 @@ class FolderWeights:
         self._open: dict[Path, Any] = {}
 
     def stored_name(self, name: str) -> str | None:
-        """The file's name for the model's parameter ``name``; None where it has none."""
-        stored = name.removeprefix(self.prefix)
+        """The file's name for the model's parameter ``name``; None where it has none. A
+        layer wrapped by LoRA (``<name>.base_layer``) reads ``<name>``'s weights."""
+        stored = name.removeprefix(self.prefix).replace(".base_layer.", ".")
         return stored if name.startswith(self.prefix) and stored in self.tensors else None
 
     def check(self, model: nn.Module) -> list[str]:

@@ -96,7 +96,9 @@ def parameters_on_meta() -> Iterator[None]:
 
 def module_seed(seed: int, name: str) -> int:
     """A module's own seed: the run's seed and its qualified name, hashed (stable across
-    processes and Python versions, unlike ``hash``)."""
+    processes and Python versions, unlike ``hash``). A layer wrapped by LoRA
+    (``<name>.base_layer``) keeps the seed of ``<name>``: the base is the same with adapters."""
+    name = name.replace(".base_layer", "")
     digest = hashlib.blake2b(f"{seed}:{name}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") & (2**63 - 1)
 

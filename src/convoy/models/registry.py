@@ -28,6 +28,7 @@ from convoy.imports import import_attribute
 from convoy.models.gpt import GPT, gpt_1b, gpt_small, gpt_tiny
 from convoy.models.huggingface import hf
 from convoy.models.init import InitialWeights, builds_on_meta, parameters_on_meta
+from convoy.models.lora import apply_lora
 from convoy.models.mlp import MLP
 from convoy.models.sequence import Conv1dNet
 from convoy.models.tabular import TabularMLP
@@ -91,25 +92,27 @@ def build_model(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -
 
 
 def build_skeleton(
-    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int
+    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int, lora: Any = None
 ) -> tuple[nn.Module, InitialWeights | None]:
     """The model with its parameters on the meta device and the initial weights that fill
     them once the strategy has laid it out (``convoy.models.init``), where the model says how
     each module is initialized (``init_module``); otherwise built for real, as
-    ``build_model``, and None."""
+    ``build_model``, and None. ``lora`` (``model.lora``): with PEFT's adapters, the rest
+    frozen (``convoy.models.lora``)."""
     if _may_build_on_meta(name, kwargs):
-        model = _try_on_meta(name, kwargs, data_shape)
+        model = _try_on_meta(name, kwargs, data_shape, lora)
         if model is not None:
             return model, InitialWeights(model, seed)
-    return build_model(name, kwargs, data_shape), None
+    model = build_model(name, kwargs, data_shape)
+    return (model if lora is None else apply_lora(model, lora)), None
 
 
 def build_initial(
-    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int
+    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], seed: int, lora: Any = None
 ) -> nn.Module:
     """The whole model on the CPU with the initial weights the engine trains from under any
     strategy (``run.seed`` = ``seed``)."""
-    model, weights = build_skeleton(name, kwargs, data_shape, seed)
+    model, weights = build_skeleton(name, kwargs, data_shape, seed, lora)
     if weights is not None:
         weights.materialize(model, torch.device("cpu"))
         weights.fill(model)
@@ -124,14 +127,19 @@ def _may_build_on_meta(name: str, kwargs: dict[str, Any]) -> bool:
     return not isinstance(factory, type) or callable(getattr(factory, "init_module", None))
 
 
-def check_builds_on_meta(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -> None:
+def check_builds_on_meta(
+    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], lora: Any = None
+) -> None:
     """The driver's check: a model that will be built on the meta device builds there (a
-    ``ConfigError`` in one line where its factory fails on meta)."""
+    ``ConfigError`` in one line where its factory fails on meta), and takes its adapters
+    (``model.lora``: target modules that exist)."""
     if _may_build_on_meta(name, kwargs):
-        _try_on_meta(name, kwargs, data_shape)
+        _try_on_meta(name, kwargs, data_shape, lora)
 
 
-def _try_on_meta(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) -> nn.Module | None:
+def _try_on_meta(
+    name: str, kwargs: dict[str, Any], data_shape: dict[str, int], lora: Any = None
+) -> nn.Module | None:
     """The model built with its parameters on meta, or None where it has no ``init_module``
     or its factory copied values into them (weights it loaded, which meta would drop). A
     factory that fails on meta is a ``ConfigError`` if its model has ``init_module`` (it asked
@@ -144,6 +152,8 @@ def _try_on_meta(name: str, kwargs: dict[str, Any], data_shape: dict[str, int]) 
         warnings.simplefilter("always")
         try:
             model = build_model(name, kwargs, data_shape)
+            if lora is not None and builds_on_meta(model):
+                model = apply_lora(model, lora)
         except ConvoyError:
             raise
         except Exception as exc:
