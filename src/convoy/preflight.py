@@ -6,8 +6,9 @@ world before any worker starts: the task, model and data factories import; the d
 the task accepts the data; the model, built on the meta device (no memory, any size), runs on
 one real batch and its output fits the task (classes, vocabulary, context length);
 ``checkpoint.best_metric`` is a metric the task reports; a tracking sink whose library is not
-installed is off (``resolve_tracking``). Every failure is one ``ConfigError`` naming the field
-and value.
+installed is off (``resolve_tracking``); the planned peak per rank fits a rank's memory here
+(``check_memory``). Every failure is one ``ConfigError`` naming the field and value (the
+memory check's a ``ResourceError``).
 """
 
 from __future__ import annotations
@@ -15,19 +16,22 @@ from __future__ import annotations
 import difflib
 import importlib
 import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import torch
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.data import default_collate
 
 from convoy.batches import move_to, tensors_in
-from convoy.config import Job, layout_name, tp_size_of
+from convoy.config import Job, layout_name, micro_batch, tp_size_of
 from convoy.data.base import Splits
 from convoy.data.registry import check_dataset, check_loaded, load_splits
 from convoy.data.shards import ShardedSplit
 from convoy.engine.flops import small_enough_to_run
 from convoy.engine.sinks import TRACKING_SINKS
-from convoy.errors import ConfigError, ConvoyError, one_of
+from convoy.errors import ConfigError, ConvoyError, ResourceError, one_of
 from convoy.imports import installed
 from convoy.integrations.lightning_checks import check_lightning
 from convoy.models.head_loss import check_head_loss_device
@@ -67,6 +71,7 @@ def preflight(job: Job) -> Job:
     check_builds_on_meta(job.model.name, job.model.kwargs, splits.shape, job.model.lora)
     if tp_size_of(job.strategy) > 1:
         check_sequence_split(job, _build(job, splits.shape), sample[0])
+    check_memory(job, task, splits, sample)
     if job.run.compile:
         check_compile_mode(job)
         check_compiles(job, task, splits.shape, sample[0])
@@ -345,6 +350,183 @@ def check_sequence_split(job: Job, model: torch.nn.Module, inputs: Any) -> None:
             f"(sequence parallelism), and the data's sequences have {tokens} tokens; use a "
             f"sequence length that {tp_size} divides",
         )
+
+
+@dataclass(frozen=True)
+class RankMemory:
+    """The memory one rank has here: ``total`` shared by ``ranks`` ranks."""
+
+    total: int
+    what: str
+    """Where ``total`` comes from (``MemAvailable``, a device's name, ...)."""
+    ranks: int = 1
+
+    @property
+    def per_rank(self) -> int:
+        return self.total // self.ranks
+
+    def describe(self, format_bytes: Any) -> str:
+        """``MemAvailable 22.5 GiB / 4 workers on this node``, bytes by ``format_bytes``."""
+        shared = f" / {self.ranks} workers on this node" if self.ranks > 1 else ""
+        return f"{self.what} {format_bytes(self.total)}{shared}"
+
+
+PEAK_BYTES_PER_PARAMETER = 48
+"""``peak_bound``'s model state: fp32 weights, gradients and accumulated gradients, two
+optimizer moments and the step's temporaries, DDP's buckets or FSDP's unsharded units, and a
+whole copy while the model is built; the plan's largest moment holds 8 to 10 of these 4."""
+
+
+def check_memory(
+    job: Job, task: Task, splits: Splits, sample: tuple[Any, Any], root: Path = Path("/")
+) -> None:
+    """Refuse a job whose planned peak per rank (``convoy.plan``: set-up and steps) is over a
+    rank's memory here (``rank_memory``; ``root``: where ``/proc`` and ``/sys`` are), in one
+    line that names the layouts of its world size that fit (``convoy.plan.fits``); off with
+    ``run.skip_memory_check``. A quick upper bound of the peak comes first (``peak_bound``,
+    on the meta device), so the planner (its imports, fake tensors: seconds) runs only for
+    a job near or over the line; one it cannot plan is let through with a line that says so."""
+    memory = None if job.run.skip_memory_check else rank_memory(job, root)
+    if memory is None:
+        return
+    bound = peak_bound(job, task, splits.shape, sample)
+    if bound is not None and bound <= memory.per_rank:
+        return
+    # The planner (1-2 s of imports; its optimizer step loads Dynamo): only near the line.
+    from convoy.plan.fits import memory_refusal, plan_world_size
+    from convoy.plan.parse import format_bytes
+
+    try:
+        plan = plan_world_size(job, splits.shape, sample, memory.per_rank)
+    except Exception as exc:  # a model the planner cannot follow: not the user's error
+        print(
+            f"convoy: memory check skipped: convoy plan failed on model {job.model.name!r} "
+            f"({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})",
+            file=sys.stderr,
+        )
+        return
+    refusal = memory_refusal(plan, memory.describe(format_bytes))
+    if refusal is not None:
+        raise ResourceError(refusal)
+
+
+def rank_memory(job: Job, root: Path = Path("/")) -> RankMemory | None:
+    """The memory a rank of ``job`` has: a GPU rank's device memory (that of this machine's
+    first GPU, shared by ``scaling.gpus_per_worker`` below 1; None where this machine has
+    none: the workers' cannot be known here), a CPU rank's share of this machine's
+    (``host_memory``) among the workers on it: ``nproc_per_node`` under torchrun, all of
+    them under ``local`` and Ray (the private Ray runs here; see ``run.skip_memory_check``)."""
+    scaling = job.scaling
+    if scaling.use_gpu:
+        if not torch.cuda.is_available():
+            return None
+        device = torch.cuda.get_device_properties(0)
+        share = min(1.0, scaling.gpus_per_worker or 1.0)
+        return RankMemory(int(device.total_memory * share), f"{device.name} memory")
+    ranks = scaling.launcher_section.workers_per_node(scaling) or scaling.max_workers
+    total, what = host_memory(root)
+    return RankMemory(total, what, ranks)
+
+
+def host_memory(root: Path = Path("/")) -> tuple[int, str]:
+    """This machine's memory for a job, and what it is: ``MemAvailable`` (what the kernel can
+    give without swapping: MemTotal counts what other processes hold, and would pass a job
+    that the OOM killer then ends), or the memory limit of this process's cgroup (v2
+    ``memory.max``, v1 ``memory.limit_in_bytes``; its own or an ancestor's) where lower."""
+    meminfo = (root / "proc/meminfo").read_text()
+    kib = next(line.split()[1] for line in meminfo.splitlines() if line.startswith("MemAvailable:"))
+    available = int(kib) * 1024
+    limit = cgroup_memory_limit(root)
+    if limit is not None and limit < available:
+        return limit, "the container's memory limit"
+    return available, "MemAvailable"
+
+
+def cgroup_memory_limit(root: Path = Path("/")) -> int | None:
+    """The lowest memory limit on this process's cgroups and their ancestors (``max`` and
+    v1's near-2**63 figure are none), or None."""
+    try:
+        lines = (root / "proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    limits: list[int] = []
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        if controllers == "":
+            limits += _limits_up(root / "sys/fs/cgroup", path, "memory.max")
+        elif "memory" in controllers.split(","):
+            limits += _limits_up(root / "sys/fs/cgroup/memory", path, "memory.limit_in_bytes")
+    return min(limits, default=None)
+
+
+def _limits_up(base: Path, path: str, name: str) -> list[int]:
+    """The limits in the files ``name`` of the cgroup at ``path`` (under ``base``) and of each
+    group above it that can be read."""
+    parts = PurePosixPath(path).parts[1:]
+    limits = []
+    for depth in range(len(parts) + 1):
+        try:
+            text = base.joinpath(*parts[:depth], name).read_text().strip()
+        except OSError:
+            continue
+        if text.isdigit() and int(text) < 2**60:
+            limits.append(int(text))
+    return limits
+
+
+def peak_bound(job: Job, task: Task, shape: dict[str, int], sample: tuple[Any, Any]) -> int | None:
+    """A quick upper bound of the planned peak per rank of any layout of ``job``'s world
+    size: ``PEAK_BYTES_PER_PARAMETER`` a parameter, plus 4x what autograd saves on a
+    micro-batch (with the batch and the outputs) in fp32, without checkpointing: measured on
+    the real ``sample`` rows and scaled for a model small enough to run (its CPU kernels:
+    a meta forward would import Dynamo), on the meta device for a larger one. None where the
+    model does not run there."""
+    with torch.device("meta"):
+        skeleton = _build(job, shape)
+    params = sum(p.numel() for p in skeleton.parameters())  # a shared parameter counted once
+    rows = micro_batch(job, job.scaling.max_workers)
+    inputs, targets = sample
+    try:
+        if small_enough_to_run(skeleton, inputs):
+            sample_rows = len(tensors_in(inputs)[0])
+            with torch.random.fork_rng(devices=[]):  # the driver's own seed stays as it was
+                activations = _saved(task, _build(job, shape), inputs, targets)
+            activations = activations * rows // sample_rows
+        else:
+            activations = _saved(task, skeleton, *(_meta_rows(value, rows) for value in sample))
+    except Exception:  # the model reads values meta tensors lack, or fails on real ones
+        return None
+    return PEAK_BYTES_PER_PARAMETER * params + 4 * activations
+
+
+def _saved(task: Task, model: torch.nn.Module, inputs: Any, targets: Any) -> int:
+    """Bytes of the storages autograd saves in the training forward and loss (parameters and
+    buffers left out), with the batch and the outputs."""
+    owned = {StorageWeakRef(t.untyped_storage()) for t in (*model.parameters(), *model.buffers())}
+    saved: dict[Any, int] = {}
+
+    def pack(tensor: torch.Tensor) -> torch.Tensor:
+        ref = StorageWeakRef(tensor.untyped_storage())
+        if ref not in owned:
+            saved[ref] = tensor.untyped_storage().nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        outputs, loss = task.forward_loss(model, inputs, targets)
+    for tensor in tensors_in((inputs, targets, outputs, loss)):
+        saved[StorageWeakRef(tensor.untyped_storage())] = tensor.untyped_storage().nbytes()
+    return sum(saved.values())
+
+
+def _meta_rows(value: Any, rows: int) -> Any:
+    """``value`` (tensors or nests of them, a batch) with ``rows`` rows, on the meta device."""
+    if isinstance(value, torch.Tensor):
+        return torch.empty((rows, *value.shape[1:]), dtype=value.dtype, device="meta")
+    if isinstance(value, dict):
+        return {key: _meta_rows(item, rows) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta_rows(item, rows) for item in value)
+    return value
 
 
 def _build(job: Job, shape: dict[str, int]) -> torch.nn.Module:

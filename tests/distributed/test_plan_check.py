@@ -43,6 +43,8 @@ def test_plan_matches_trackers(recipe: str, overrides: list[str]) -> None:
             continue
         assert row.model_state_exact(), f"{name}: model state\n{report}"
         assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, f"{name}\n{report}"
+        # the set-up: built on meta, laid out, each module filled in turn
+        assert row.tracked.setup == pytest.approx(row.layout.setup, rel=0.1), report
 
 
 def test_fsdp2_shards_what_it_tracks() -> None:
@@ -155,6 +157,8 @@ def test_models_of_a_few_kib_within_ten_percent(
             rows = check_layouts(job, [strategy], [size], planner)
         ratio = rows[0].ratio
         assert ratio is not None and 0.9 <= ratio <= 1.1, f"{recipe}\n{format_check(rows)}"
+        setup = rows[0].tracked.setup  # a user's model without init_module: built whole
+        assert setup == pytest.approx(rows[0].layout.setup, rel=0.1), format_check(rows)
 
 
 def test_a_hugging_face_model_is_planned_and_checked() -> None:

@@ -166,3 +166,47 @@ def test_a_model_that_cannot_be_built_on_meta_warns_and_builds_for_real(
         planner = Planner(job)
     assert planner.param_count == 64 * 10 + 10
     assert planner.layout("single", 1).params == 4 * (64 * 10 + 10)
+
+
+def test_set_up_of_a_model_built_on_meta_by_hand() -> None:
+    """The rank's parameters, plus one module's full values (the block's linear) while it
+    is filled; FSDP1 materializes and flattens a whole unit before sharding it."""
+    planner = Planner(load_job("recipes/digits_mlp.yaml", TINY))
+    assert planner.whole_build_reason is None  # MLP has init_module
+    single, fsdp2 = planner.layout("single", 1), planner.layout("fsdp2", 2)
+    assert (single.setup, single.whole_build) == (4 * (PARAMS + BLOCK), 0)
+    shard = 8 * 64 + 8 + 5 * 16 + 5
+    assert fsdp2.moments["set-up"]["params"] == 4 * shard
+    assert fsdp2.setup == 4 * (shard + BLOCK)
+    ddp = planner.layout("ddp", 2)
+    assert ddp.moments["set-up"]["comm"] == 4 * PARAMS  # its buckets, more than a module
+    fsdp = planner.layout("fsdp", 2)  # block then root: 2 x the unit beside its shard
+    block_shard, head_shard = (BLOCK + 1) // 2, HEAD // 2
+    assert fsdp.setup == 4 * max(2 * BLOCK + block_shard, block_shard + 2 * HEAD + head_shard)
+    assert not any("whole model" in note for note in plan_job(planner.job, planner=planner).notes)
+
+
+def test_set_up_of_a_model_built_whole_says_so(
+    tmp_path: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A factory without init_module is built whole on every rank: sharded, its units are
+    split in turn, each shard made before the unit is freed; the plan says so."""
+    module = tmp_path / "whole_mlp.py"  # type: ignore[operator]
+    module.write_text(
+        "import torch\n"
+        "def build(num_classes=10, in_channels=1, image_size=8):\n"
+        "    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 16),\n"
+        "                               torch.nn.ReLU(), torch.nn.Linear(16, 10))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    job = load_job("recipes/digits_mlp.yaml", ["model.name=whole_mlp:build", "model.kwargs={}"])
+    planner = Planner(job)
+    assert planner.whole_build_reason == "Sequential has no init_module(module)"
+    assert planner.layout("single", 1).setup == 4 * PARAMS
+    fsdp2 = planner.layout("fsdp2", 2)  # one unit (no blocks): whole, then its shard
+    assert fsdp2.whole_build == 4 * PARAMS
+    assert fsdp2.setup == 4 * (PARAMS + 8 * 64 + 8 + 5 * 16 + 5)
+    notes = plan_job(job, world_sizes=[2], planner=planner).notes
+    assert f"fsdp2, fsdp: every rank builds the whole model ({4 * PARAMS / 1024:.3g} KiB) " in (
+        "\n".join(notes)
+    )

@@ -48,6 +48,13 @@ class RunConfig(Section):
     stop_poll_s: Annotated[float, Field(ge=0)] = 0.1
     """How often, at most, the ranks agree on stop requests (0: at every step boundary). A
     request is acted on within about two of these, after a finished step."""
+    skip_memory_check: bool = False
+    """Start the job even where its planned peak per rank (``convoy plan``: the set-up and
+    the steps) is over a rank's memory, which is otherwise refused before any worker
+    starts: a GPU rank's device memory (where this machine has the GPU), a CPU rank's share
+    of this machine's available memory (or of its container's limit, where lower) among
+    the workers on it. For a user who knows better: workers on other machines (a Ray
+    cluster), or memory the plan over-counts."""
 
     @field_validator("storage_dir")
     @classmethod

@@ -24,15 +24,18 @@ optimizer and strategy, without Ray, workers or a GPU:
   wrap unit unsharded plus the next one all-gathered ahead (``NO_SHARD`` on one rank);
 - **optimizer-step transient**: what one step of the recipe's optimizer allocates on top of
   its state (AdamW's foreach path: ``exp_avg_sq.sqrt()`` for a parameter group and the
-  per-tensor temporaries), measured by one step on fake tensors of this rank's shapes.
+  per-tensor temporaries), measured by one step on fake tensors of this rank's shapes;
+- **set-up**: what a rank holds while the model is built, laid out and filled
+  (``convoy.plan.setup``): its part plus one module's values for a model built on the meta
+  device (``init_module``), the whole model first for one that is not.
 
 The peak is the largest of a few moments: the start of backward (activations and the
 backward transient), under FSDP2 the model's forward (its most bytes live at once, with the
 batch) and backward within the model (the transient from the outputs' gradient on), each
 with what FSDP2 holds then, and backward through a unit (FSDP1: the largest, with the next
-one all-gathered and its fp32 gradients), and the optimizer step (gradients, state and its
-transient). ``convoy.plan.check`` runs the training step (``convoy.engine.step``, the
-loop's own) under torch's memory trackers and compares.
+one all-gathered and its fp32 gradients), the optimizer step (gradients, state and its
+transient), and the set-up before the first step. ``convoy.plan.check`` runs the training
+step (``convoy.engine.step``, the loop's own) under torch's memory trackers and compares.
 
 Files, by idea:
 
@@ -45,9 +48,13 @@ Files, by idea:
   units and shard sizes, a fake process group;
 - ``measure``: activations and the backward transient, optimizer state and step transient,
   measured under ``FakeTensorMode``;
+- ``setup``: the set-up phase of a layout (build, layout, fill);
 - ``planner``: ``Layout``, ``Planner``, ``Plan`` and ``plan_job``;
 - ``format``: the plan as a table or as JSON-ready data;
-- ``check``: ``convoy plan --check``, the plan against torch's memory trackers.
+- ``fits``: a job against a rank's memory, and the line that refuses it
+  (``convoy.preflight.check_memory``, before any worker starts);
+- ``check``: ``convoy plan --check``, the plan against torch's memory trackers (with
+  ``fake_fill``: a meta-built model filled on fake tensors).
 """
 
 from __future__ import annotations
@@ -88,6 +95,7 @@ from convoy.plan.parse import (
 )
 from convoy.plan.planner import (
     CATEGORIES,
+    SETUP,
     Layout,
     Plan,
     Planner,
@@ -99,6 +107,7 @@ __all__ = [
     "CATEGORIES",
     "DEFAULT_WORLD_SIZES",
     "MEMORY_FORMS",
+    "SETUP",
     "Activations",
     "Layout",
     "ModelSource",

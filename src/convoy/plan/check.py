@@ -25,6 +25,13 @@ A first, untracked step creates the optimizer state and fills DTensor's sharding
 tracker would count those once as optimizer memory); then two tracked steps, with module
 statistics reset after the first (as torchtitan's estimator does); the peak covers both. The result is rank 0's bytes per tracker
 category at the peak, plus ``"Total"``.
+
+The set-up before them (the plan's ``set-up`` moment, ``convoy.plan.setup``) is tracked apart,
+by a ``MemTracker`` over the model's build and the strategy's ``wrap``: on fake tensors, a
+model without ``init_module`` is made whole (``to_fake``) and then wrapped; a meta-built one
+is wrapped on meta and filled by ``FakeWeights`` (the strategy's own materialization, then
+each module's full values in turn, as ``convoy.models.init`` makes them); on real tensors,
+the engine's own build (``convoy.models.registry.build_skeleton``) and fill.
 """
 
 from __future__ import annotations
@@ -46,25 +53,29 @@ from convoy.engine.amp import Precision
 from convoy.engine.schedule import build_optimizer, build_scheduler, no_decay_names, peak_lr
 from convoy.engine.step import StepHooks, StepParts, train_step
 from convoy.errors import ConfigError, one_of
+from convoy.models import registry
+from convoy.plan.fake_fill import FakeWeights
 from convoy.plan.format import format_table
 from convoy.plan.job import compute_dtype, layout_job, micro_batch
 from convoy.plan.model import (
     ModelSource,
-    build_raw,
     build_skeleton,
     fake_batch,
     fake_process_group,
     load_source,
     to_fake,
+    whole_build_reason,
 )
 from convoy.plan.parse import format_bytes
 from convoy.plan.planner import (
     CATEGORIES,
+    SETUP,
     Layout,
     Planner,
     plannable,
 )
 from convoy.strategies import Strategy, build_strategy, strategy_class, strategy_classes
+from convoy.strategies.base import InitialWeights
 from convoy.strategies.blocks import prepare_blocks
 from convoy.tasks import build_task
 
@@ -106,6 +117,8 @@ class Tracked:
     """Bytes per tracker category at the peak, plus ``"Total"`` (empty if not tracked)."""
     model_state: dict[str, int] = field(default_factory=dict)
     """``params``, ``grads`` and ``optimizer`` bytes held by this rank's tensors."""
+    setup: int = 0
+    """Bytes at the set-up's peak (the model built and wrapped; 0 if not tracked)."""
     note: str = ""
 
 
@@ -157,15 +170,14 @@ def _tracked_run(job: Job, source: ModelSource) -> Tracked:
     assert tracking is not None, "track() measures only the model state of the others"
     mode: Any = FakeTensorMode() if tracking.fake_tensors else _RealMode()
     batches = _batches(job, source, mode)
-    # Built outside the fake mode: a factory that cannot run on meta is built for real.
-    if tracking.fake_tensors:
-        model = build_skeleton(job, source)
-        with mode:
-            model = to_fake(model, torch.device("cpu"))
-    else:
-        model = _real_model(job, source)
+    setup = _memory_tracker()
+    model, weights = _built(job, source, mode, setup)
     no_decay = no_decay_names(model)  # from the unwrapped model, as the loop takes them
-    strategy, model = _wrapped(job, model)
+    # FakeWeights track their own fill, inside the fake mode (a tracker outside it misses
+    # what the mode makes).
+    around = contextlib.nullcontext() if isinstance(weights, FakeWeights) else setup
+    with around:
+        strategy, model = _wrapped(job, model, weights)
     with mode:
         parts = _step_parts(job, strategy, model, no_decay)
         tracker = _tracker(tracking.tracker, parts, batches)
@@ -178,7 +190,31 @@ def _tracked_run(job: Job, source: ModelSource) -> Tracked:
                 _run_step(job, parts, batches, _Measure(state, tracker.reset_mod_stats))
         peak = _flatten(tracker.get_tracker_snapshot("peak"))
         _measure_model_state(parts, state)
-    return Tracked(name, size, peak=peak, model_state=state)
+    setup_peak = _flatten(setup.get_tracker_snapshot("peak"), skip_meta=True)["Total"]
+    return Tracked(name, size, peak=peak, model_state=state, setup=setup_peak)
+
+
+def _built(
+    job: Job, source: ModelSource, mode: Any, setup: Any
+) -> tuple[nn.Module, InitialWeights | None]:
+    """The model before its strategy wraps it, and what fills it once wrapped (None: it is
+    real already). On fake tensors (``mode``): a meta skeleton filled by ``FakeWeights``,
+    or, for a model the engine builds whole, made whole at once; on real tensors, the
+    engine's own build. A whole model is counted by ``setup`` as it stands: a tracker around
+    the build would also count what a build on meta allocates for an instant (each
+    parameter before it moves to meta), whose frees it does not see."""
+    if isinstance(mode, FakeTensorMode):
+        # Built outside the fake mode: a factory that cannot run on meta is built for real.
+        model = build_skeleton(job, source)
+        if source.on_meta and whole_build_reason(model) is None:
+            return model, FakeWeights(mode, setup)
+        with mode:
+            model, weights = to_fake(model, torch.device("cpu")), None
+    else:
+        model, weights = _real_model(job, source)
+    if weights is None:
+        setup.track_external(model)
+    return model, weights
 
 
 def _batches(job: Job, source: ModelSource, mode: Any) -> list[tuple[Any, Any]]:
@@ -187,14 +223,17 @@ def _batches(job: Job, source: ModelSource, mode: Any) -> list[tuple[Any, Any]]:
     return [fake_batch(source.sample, rows, mode) for _ in range(job.optim.grad_accum_steps)]
 
 
-def _wrapped(job: Job, model: nn.Module) -> tuple[Strategy, nn.Module]:
-    """The job's strategy and ``model`` wrapped by it, outside any fake mode: fully_shard
-    builds its device mesh from the process group (fake parameters still dispatch through
-    it); the other strategies only move the model, which ``to_fake`` made a no-op."""
+def _wrapped(
+    job: Job, model: nn.Module, weights: InitialWeights | None = None
+) -> tuple[Strategy, nn.Module]:
+    """The job's strategy and ``model`` wrapped by it (and filled by ``weights``, where it
+    was built on meta), outside any fake mode: fully_shard builds its device mesh from the
+    process group (fake parameters still dispatch through it); the other strategies only
+    move the model, which ``to_fake`` made a no-op."""
     strategy = build_strategy(job.strategy, torch.device("cpu"), compute_dtype(job))
     # Activation checkpointing as the loop applies it (compiling is left out: the trackers
     # follow eager tensors, and a compiled block keeps what its eager one keeps).
-    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_mode=False))
+    model = strategy.wrap(prepare_blocks(model, job.strategy, compile_mode=False), weights)
     # The fake group's all-reduce gives DDP's buckets no result: without a compression hook
     # of the job's own, one that returns the bucket as it is (an in-place all-reduce's memory).
     own_hook = getattr(job.strategy, "comm_hook", "none") != "none"
@@ -223,18 +262,24 @@ STEPS = 3
 
 def _tracker(kind: str, parts: StepParts, batches: list[tuple[Any, Any]]) -> Any:
     """The torch memory tracker named ``kind``, following the model, optimizer and inputs."""
-    # Not optional, but they load Dynamo (2-3 s): only a check pays it.
-    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
-    from torch.distributed._tools.mem_tracker import MemTracker
-
     if kind == "FSDPMemTracker":
+        # Not optional, but it loads Dynamo (2-3 s): only a check pays it.
+        from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
         tracker = FSDPMemTracker(parts.model, parts.optimizer)
         tracker.track_inputs(tuple(batches))
         return tracker
     inputs = [t for batch in batches for t in tensors_in(batch)]
-    memory = MemTracker()
+    memory = _memory_tracker()
     memory.track_external(parts.model, parts.optimizer, *inputs)
     return memory
+
+
+def _memory_tracker() -> Any:
+    """A fresh ``MemTracker`` (it follows every storage made while it is entered)."""
+    from torch.distributed._tools.mem_tracker import MemTracker  # loads Dynamo: see above
+
+    return MemTracker()
 
 
 class _Measure(StepHooks):
@@ -281,15 +326,19 @@ class _RealMode(contextlib.nullcontext):  # type: ignore[type-arg,unused-ignore]
         return tensor.clone()
 
 
-def _real_model(job: Job, source: ModelSource) -> nn.Module:
-    model = build_raw(job, source.shape)
+def _real_model(job: Job, source: ModelSource) -> tuple[nn.Module, InitialWeights | None]:
+    """The model as the engine builds it (on meta with the weights that fill it, or whole
+    and None), for a strategy that runs on real tensors here."""
+    model, weights = registry.build_skeleton(
+        job.model.name, job.model.kwargs, source.shape, job.run.seed
+    )
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if 4 * size > REAL_TENSOR_LIMIT:  # parameters, gradients, buckets or shards, state
         raise UntrackableError(
             f"{job.strategy.name} runs on real tensors here, and {format_bytes(4 * size)} of "
             f"model state is more than {format_bytes(REAL_TENSOR_LIMIT)}"
         )
-    return model
+    return model, weights
 
 
 # No annotations on purpose: DDP checks them against its own classes, and this module's
@@ -315,11 +364,14 @@ def _local_bytes(tensors: Any) -> int:
     return sum(seen.values())
 
 
-def _flatten(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
-    """``{device: {category: bytes}}`` -> ``{category: bytes}`` summed over devices, with
-    the categories' plain names and only the non-zero ones."""
-    flat: dict[str, int] = {}
-    for per_device in snapshot.values():
+def _flatten(snapshot: dict[Any, dict[Any, int]], skip_meta: bool = False) -> dict[str, int]:
+    """``{device: {category: bytes}}`` -> ``{category: bytes}`` summed over devices (the meta
+    device's left out with ``skip_meta``), with the categories' plain names and only the
+    non-zero ones."""
+    flat: dict[str, int] = {"Total": 0}
+    for device, per_device in snapshot.items():
+        if skip_meta and getattr(device, "type", None) == "meta":
+            continue
         for key, value in per_device.items():
             name = str(getattr(key, "value", key))
             flat[name] = flat.get(name, 0) + value
@@ -328,9 +380,9 @@ def _flatten(snapshot: dict[Any, dict[Any, int]]) -> dict[str, int]:
 
 def _untracked_model_state(job: Job, source: ModelSource) -> dict[str, int]:
     """The per-rank model state after one real step, for a strategy no tracker follows."""
-    model = _real_model(job, source)
+    model, weights = _real_model(job, source)
     no_decay = no_decay_names(model)
-    strategy, model = _wrapped(job, model)
+    strategy, model = _wrapped(job, model, weights)
     parts = _step_parts(job, strategy, model, no_decay)
     state: dict[str, int] = {}
     _run_step(job, parts, _batches(job, source, _RealMode()), _Measure(state))
@@ -351,7 +403,10 @@ class CheckRow:
 
     @property
     def tracked_total(self) -> int | None:
-        return self.tracked.peak.get("Total") if self.tracked.peak else None
+        """The tracked peak: of the steps, or of the set-up where that is higher."""
+        if not self.tracked.peak:
+            return None
+        return max(self.tracked.peak["Total"], self.tracked.setup)
 
     @property
     def ratio(self) -> float | None:
@@ -407,43 +462,13 @@ def check_layouts(
 
 def format_check(rows: list[CheckRow]) -> str:
     """Planned vs tracked, per layout: model state, then the peak per category and the
-    ratio planned / tracked."""
+    ratio planned / tracked, then the set-up's peak."""
     header = ["layout", "what", *CATEGORIES, "total", "plan/tracked"]
     table: list[list[str]] = []
     notes: list[str] = []
     for row in rows:
         name = f"{row.layout.name} x {row.layout.world_size}"
-        planned_state = [row.layout.params, row.layout.grads, row.layout.optimizer]
-        state = row.tracked.model_state
-        exact = "exact" if row.model_state_exact() else "DIFFERS"
-        table.append([name, "state planned", *map(format_bytes, planned_state), "", "", "", "", ""])
-        if state:
-            measured = [state.get(k, 0) for k in ("params", "grads", "optimizer")]
-            table.append(
-                ["", "state measured", *map(format_bytes, measured), "", "", "", "", exact]
-            )
-        at_peak = row.layout.at_peak()
-        table.append(
-            [
-                "",
-                f"peak planned ({row.layout.peak_moment})",
-                *(format_bytes(at_peak[c]) for c in CATEGORIES),
-                format_bytes(row.layout.peak),
-                "",
-            ]
-        )
-        if row.tracked.peak:
-            tracked = row.tracked_by_category()
-            ratio = row.ratio or 0.0
-            table.append(
-                [
-                    "",
-                    "peak tracked",
-                    *(format_bytes(tracked[c]) for c in CATEGORIES),
-                    format_bytes(row.tracked_total or 0),
-                    f"{ratio:.3f}",
-                ]
-            )
+        table += _state_rows(name, row) + _peak_rows(row) + _setup_rows(row)
         if row.tracked.note:
             notes.append(f"{name}: {row.tracked.note}")
     lines = [format_table(header, table)]
@@ -453,6 +478,48 @@ def format_check(rows: list[CheckRow]) -> str:
             "note: MemTracker counts DDP's gradient buckets as activations; the plan shows them as comm"
         )
     return "\n".join(lines)
+
+
+def _state_rows(name: str, row: CheckRow) -> list[list[str]]:
+    """Model state planned, and measured where it was."""
+    planned = [row.layout.params, row.layout.grads, row.layout.optimizer]
+    rows = [[name, "state planned", *map(format_bytes, planned), "", "", "", "", ""]]
+    state = row.tracked.model_state
+    if state:
+        exact = "exact" if row.model_state_exact() else "DIFFERS"
+        measured = [state.get(k, 0) for k in ("params", "grads", "optimizer")]
+        rows.append(["", "state measured", *map(format_bytes, measured), "", "", "", "", exact])
+    return rows
+
+
+def _peak_rows(row: CheckRow) -> list[list[str]]:
+    """The peak planned per category, and tracked: the steps' categories, or the set-up's
+    total where it is the higher."""
+    at_peak = row.layout.at_peak()
+    planned = [format_bytes(at_peak[c]) for c in CATEGORIES]
+    moment = row.layout.peak_moment
+    rows = [["", f"peak planned ({moment})", *planned, format_bytes(row.layout.peak), ""]]
+    if row.tracked.peak:
+        ratio = f"{row.ratio or 0.0:.3f}"
+        total = format_bytes(row.tracked_total or 0)
+        if row.tracked.setup > row.tracked.peak["Total"]:
+            rows.append(["", f"peak tracked ({SETUP})", *[""] * len(CATEGORIES), total, ratio])
+        else:
+            tracked = [format_bytes(v) for v in row.tracked_by_category().values()]
+            rows.append(["", "peak tracked", *tracked, total, ratio])
+    return rows
+
+
+def _setup_rows(row: CheckRow) -> list[list[str]]:
+    """The set-up's peak planned per category, and tracked (its total)."""
+    planned = row.layout.moments[SETUP]
+    cells = [format_bytes(planned[c]) for c in CATEGORIES]
+    rows = [["", f"{SETUP} planned", *cells, format_bytes(row.layout.setup), ""]]
+    if row.tracked.setup:
+        ratio = f"{row.layout.setup / row.tracked.setup:.3f}"
+        total = format_bytes(row.tracked.setup)
+        rows.append(["", f"{SETUP} tracked", *[""] * len(CATEGORIES), total, ratio])
+    return rows
 
 
 def check_to_dict(rows: list[CheckRow]) -> list[dict[str, Any]]:
@@ -465,6 +532,8 @@ def check_to_dict(rows: list[CheckRow]) -> list[dict[str, Any]]:
             "planned_peak": row.layout.peak,
             "planned_at_peak": row.layout.at_peak(),
             "tracked_peak": row.tracked.peak,
+            "planned_setup": row.layout.setup,
+            "tracked_setup": row.tracked.setup or None,
             "planned_model_state": {
                 "params": row.layout.params,
                 "grads": row.layout.grads,

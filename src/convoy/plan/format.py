@@ -12,8 +12,9 @@ from convoy.plan.planner import CATEGORIES, Plan
 
 
 def format_plan(plan: Plan) -> str:
-    """The plan as a plain table: one row per layout, bytes per rank."""
-    header = ["layout", "batch/rank", *CATEGORIES, "peak", "peak at"]
+    """The plan as a plain table: one row per layout, bytes per rank at its peak, and its
+    set-up's peak (the model built, laid out and filled) apart."""
+    header = ["layout", "batch/rank", *CATEGORIES, "peak", "peak at", "set-up"]
     if plan.gpu_memory is not None:
         header.append(f"fits {format_bytes(plan.gpu_memory)}")
     rows = []
@@ -25,6 +26,7 @@ def format_plan(plan: Plan) -> str:
             *(format_bytes(parts[c]) for c in CATEGORIES),
             format_bytes(layout.peak),
             layout.peak_moment,
+            format_bytes(layout.setup),
         ]
         if plan.gpu_memory is not None:
             row.append("yes" if plan.fits(layout) else "no")
@@ -76,6 +78,8 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
                 "micro_batch": lay.micro_batch,
                 "peak": lay.peak,
                 "peak_moment": lay.peak_moment,
+                "setup": lay.setup,
+                "whole_build": lay.whole_build,
                 "at_peak": lay.at_peak(),
                 "moments": lay.moments,
                 "fits": plan.fits(lay),

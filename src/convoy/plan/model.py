@@ -17,12 +17,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.testing._internal.distributed.fake_pg import FakeStore
+from torch.utils.data import default_collate
 
 from convoy.config import Job, tp_size_of
+from convoy.data.base import Splits
 from convoy.data.registry import load_splits
 from convoy.errors import ConfigError, ConvoyError
+from convoy.models.init import builds_on_meta
 from convoy.models.registry import build_model
-from convoy.preflight import sample_batch
 from convoy.strategies.base import transformer_blocks
 
 # Data sources that read files only for their values: when the files are missing, plan
@@ -57,7 +59,7 @@ def load_source(job: Job) -> ModelSource:
         notes.append(
             f"data {job.data.name!r} not found ({exc}); planned with {stand_in!r} data of the same shapes"
         )
-    source = ModelSource(dict(splits.shape), sample_batch(job, splits, rows=1), notes=notes)
+    source = ModelSource(dict(splits.shape), first_sample(job, splits), notes=notes)
     try:
         with torch.device("meta"):
             build_raw(job, source.shape)
@@ -72,6 +74,18 @@ def load_source(job: Job) -> ModelSource:
         warnings.warn(message, stacklevel=2)
         source.notes.append(message)
     return source
+
+
+def first_sample(job: Job, splits: Splits) -> tuple[Any, Any]:
+    """The first training sample, collated as a batch of one (``convoy.preflight`` takes a
+    few the same way)."""
+    item = splits.train[0]
+    if not (isinstance(item, (tuple, list)) and len(item) == 2):
+        raise ConfigError(
+            "data.name", job.data.name, "training items must be (inputs, targets) pairs"
+        )
+    inputs, targets = default_collate([item])
+    return inputs, targets
 
 
 def build_raw(job: Job, shape: dict[str, int]) -> nn.Module:
@@ -89,6 +103,27 @@ def build_skeleton(job: Job, source: ModelSource, tp_share: bool = False) -> nn.
             model = build_raw(job, source.shape)
     tp_size = tp_size_of(job.strategy)
     return tensor_parallel_share(model, tp_size) if tp_share and tp_size > 1 else model
+
+
+def whole_build_reason(model: nn.Module) -> str | None:
+    """Why every rank builds ``model`` whole before a sharded strategy splits it, or None
+    where it is built on the meta device and each rank fills only its part
+    (``convoy.models.init``: the model defines ``init_module``)."""
+    if builds_on_meta(model):
+        return None
+    return f"{type(model).__name__} has no init_module(module)"
+
+
+def largest_module(model: nn.Module) -> int:
+    """Parameters of the module that holds the most of its own (not its children's; a
+    shared parameter counted once): the most Convoy's initialization makes at a time."""
+    seen: set[int] = set()
+    largest = 0
+    for module in model.modules():
+        own = [p for p in module.parameters(recurse=False) if id(p) not in seen]
+        seen.update(id(p) for p in own)
+        largest = max(largest, sum(p.numel() for p in own))
+    return largest
 
 
 def tensor_parallel_share(model: nn.Module, tp_size: int) -> nn.Module:

@@ -30,15 +30,22 @@ from convoy.plan.model import (
     ModelSource,
     blocks_and_root,
     build_skeleton,
+    largest_module,
     load_source,
     local_shapes,
     shard_numel,
+    whole_build_reason,
 )
+from convoy.plan.parse import format_bytes
+from convoy.plan.setup import ModelSizes, set_up
 from convoy.strategies import Strategy, strategy_class, strategy_classes
 
 CATEGORIES = ("params", "grads", "optimizer", "activations", "temp", "comm")
-"""Rows of a plan. ``temp``: backward or optimizer-step transients; ``comm``: DDP buckets
-or the FSDP unsharded working set."""
+"""Rows of a plan. ``temp``: backward or optimizer-step transients, or what the set-up holds
+beyond the rank's parameters (a whole model, a module's values); ``comm``: DDP buckets or
+the FSDP unsharded working set."""
+SETUP = "set-up"
+"""The moment of a layout's set-up phase (``convoy.plan.setup``)."""
 
 
 @dataclass(frozen=True)
@@ -56,8 +63,10 @@ class Layout:
     step_temp: int
     comm: int
     moments: dict[str, dict[str, int]]
-    """Each candidate moment's bytes per category (``CATEGORIES``)."""
+    """Each candidate moment's bytes per category (``CATEGORIES``), ``"set-up"`` among them."""
     tp_size: int = 1
+    whole_build: int = 0
+    """Bytes of the whole model each rank builds before this layout shards it (0: none)."""
 
     @property
     def name(self) -> str:
@@ -75,6 +84,12 @@ class Layout:
     def at_peak(self) -> dict[str, int]:
         return dict(self.moments[self.peak_moment])
 
+    @property
+    def setup(self) -> int:
+        """Bytes at the set-up's peak: the model built, laid out and filled
+        (``convoy.plan.setup``)."""
+        return sum(self.moments[SETUP].values())
+
 
 class Planner:
     """Plans layouts of one job; measurements are cached across strategies and sizes."""
@@ -86,6 +101,13 @@ class Planner:
         whole = self.parts(1)
         self.model, self.blocks, self.root = whole.model, whole.blocks, whole.root
         self.units, self.params = whole.units, whole.params
+        self.whole_build_reason = (
+            whole_build_reason(self.model)
+            if self.source.on_meta
+            else "its factory cannot run on the meta device"
+        )
+        """Why every rank builds the model whole before sharding it; None: on meta."""
+        self.largest_module = largest_module(self.model)
         self._activations: dict[tuple[int, Any, int], Activations] = {}
         self._optimizer: dict[tuple[str, int, int], OptimizerCost] = {}
 
@@ -151,6 +173,11 @@ class Planner:
         static = {"params": params, "optimizer": opt.state}
         ddp_buckets = comm if cls.comm_buffers == "ddp_buckets" else 0
         moments = _step_moments(static, grads, accum_grads, acts, opt, ddp_buckets)
+        setup = set_up(cls, shards, params, self._sizes(parts))
+        # DDP allocates its buckets once it wraps the filled model: the larger of the two.
+        fill = setup.peak - params
+        extra = {"temp": fill} if fill > ddp_buckets else {"comm": ddp_buckets}
+        moments[SETUP] = {"params": params, **extra}
         if cls.sharding.layout == "per_parameter":  # fully_shard's working set
             held = self._fsdp2_held(job, shards, parts)
             _add_fsdp2_moments(moments, static, accum_grads, acts, held)
@@ -178,7 +205,13 @@ class Planner:
             comm=comm,
             moments=_by_category(moments),
             tp_size=tp,
+            whole_build=setup.whole,
         )
+
+    def _sizes(self, parts: ModelParts) -> ModelSizes:
+        """What the set-up of a layout that holds ``parts`` depends on."""
+        on_meta = self.whole_build_reason is None
+        return ModelSizes(self.param_count, parts.units, self.largest_module, on_meta)
 
     def _comm(self, job: Job, cls: type[Strategy], world_size: int, parts: ModelParts) -> int:
         """DDP's buckets hold a copy of every gradient (fp32; Convoy's DDP keeps
@@ -489,7 +522,19 @@ def plan_job(
             "settings (hsdp: give -o strategy.name=hsdp -o strategy.shard_size=N, the workers "
             "of one node, that splits a world size into 2 or more replicas)"
         )
+    notes += whole_build_notes(layouts, planner.whole_build_reason)
     return Plan(job, layouts, gpu_memory, planner.param_count, notes)
+
+
+def whole_build_notes(layouts: Sequence[Layout], reason: str | None) -> list[str]:
+    """What the sharded layouts that build the whole model on every rank first say, one line
+    for all of them: the strategies, the whole model's size and ``reason`` (why)."""
+    whole = [layout for layout in layouts if layout.whole_build]
+    if not whole:
+        return []
+    names = ", ".join(dict.fromkeys(layout.name for layout in whole))
+    size = format_bytes(whole[0].whole_build)
+    return [f"{names}: every rank builds the whole model ({size}) before sharding ({reason})"]
 
 
 def plannable(job: Job, strategy: str, world_size: int, tp_size: int | None = None) -> bool:
