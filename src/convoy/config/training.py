@@ -98,9 +98,11 @@ class DataConfig(Section):
     """Directory, file or archive for datasets read from disk (cifar10, imagefolder, parquet,
     numpy; text: a .txt file, a folder of them, or parquet with a text column; series: a
     folder or s3://bucket/prefix of parquet shards, streamed; hf_dataset: a folder written by
-    ``datasets``' save_to_disk, a .parquet file, or a folder of parquet files)."""
+    ``datasets``' save_to_disk, a .parquet file, or a folder of parquet files; sft: a .jsonl
+    file, a folder of them named by split, or what hf_dataset reads)."""
     seq_len: Annotated[int, Field(gt=0)] = 128
-    """Tokens per training sequence (text): the corpus is packed into sequences this long."""
+    """Tokens per training sequence (text): the corpus is packed into sequences this long;
+    sft: the rows its samples are packed (or padded) into."""
     tokenizer: Literal["bpe", "bytes", "model"] = "bpe"
     """text, and hf_dataset's text: 'bpe' trains a byte-level BPE on the training split
     (tokenizers library); 'bytes' uses the 256 UTF-8 byte values (no training, no vocabulary
