@@ -266,12 +266,13 @@ class ChatEncoder:
         if self._resolved is None:
             try:
                 self._resolved = str(self.tokenizer.get_chat_template(self.template))
-            except ValueError as exc:
+            except ValueError as exc:  # none, or several and none named the default
+                why = f" ({describe(exc)})" if self.tokenizer.chat_template else ""
                 raise ConfigError(
                     "data.chat_template",
                     self.template,
                     f"the tokenizer in {self.folder} has no chat template to render message "
-                    f"rows with ({describe(exc)}); name one: a Jinja string or a file",
+                    f"rows with{why}; name one: a Jinja string or a file",
                 ) from None
         return self._resolved
 
