@@ -32,10 +32,13 @@ import contextlib
 import copy
 import hashlib
 import math
+import sys
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 from torch import nn
+from torch.overrides import TorchFunctionMode
 
 from convoy.errors import ConfigError
 from convoy.models.hf_weights import FolderWeights
@@ -88,10 +91,29 @@ def parameters_on_meta() -> Iterator[None]:
     nn.Module.register_parameter = register_on_meta  # type: ignore[method-assign, assignment]
     _META_BUILDS[0] += 1
     try:
-        yield
+        with _SkipInPlaceOnMeta():
+            yield
     finally:
         _META_BUILDS[0] -= 1
         nn.Module.register_parameter = register  # type: ignore[method-assign]
+
+
+class _SkipInPlaceOnMeta(TorchFunctionMode):
+    """In-place ops on meta tensors (``__init__``'s ``normal_``, ``uniform_``, ``zero_`` on
+    its meta parameters) return at once: they would change nothing, and their meta kernels
+    are torch's reference implementations, whose first call imports sympy and Dynamo (about
+    1.5 CPU-s a process, issue 40's cost)."""
+
+    def __torch_function__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: Any = None
+    ) -> Any:
+        name = getattr(func, "__name__", "")
+        # A tensor method's self, or an nn.init function's ``tensor`` (passed by keyword).
+        first = args[0] if args else (kwargs or {}).get("tensor")
+        in_place = name.endswith("_") and not name.startswith("_")
+        if in_place and isinstance(first, torch.Tensor) and first.is_meta:
+            return first
+        return func(*args, **(kwargs or {}))
 
 
 def module_seed(seed: int, name: str) -> int:
@@ -291,7 +313,9 @@ def _to_empty(
         if buffer is not None and not buffer.is_meta
     }
     old = {(id(m), key): p for m in modules for key, p in m._parameters.items() if p is not None}
-    module.to_empty(device=device, recurse=recurse)
+    # module.to_empty, without its empty_like: on a meta tensor that is torch's reference
+    # kernel, whose first call imports sympy (1 CPU-s a process).
+    module._apply(lambda t: _empty_like(t, device), recurse=recurse)
     for m in modules:
         for key in list(m._parameters):
             before = old.get((id(m), key))
@@ -307,6 +331,35 @@ def _to_empty(
                 buffer.copy_(value)
 
 
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor, without importing DTensor's modules where nothing has
+    (they import sympy: 1 CPU-s a process that never lays out a model)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def _empty_like(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Unset memory of ``tensor``'s shape and dtype on ``device``; for a DTensor, its local
+    part, in the same layout."""
+    if is_dtensor(tensor):
+        from torch.distributed.tensor import DTensor
+
+        assert isinstance(tensor, DTensor)
+        local = torch.empty(tensor.to_local().shape, dtype=tensor.dtype, device=device)
+        return DTensor.from_local(
+            local,
+            tensor.device_mesh,
+            tensor.placements,
+            run_check=False,
+            shape=tensor.shape,
+            stride=tensor.stride(),
+        )
+    return torch.empty(tensor.shape, dtype=tensor.dtype, device=device)
+
+
 def _unset(param: torch.Tensor) -> torch.Tensor:
     """A CPU tensor of ``param``'s full shape and dtype, NaN where it can be: a value no init
     leaves behind, so a parameter nobody set is found."""
@@ -319,9 +372,10 @@ def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
     """Copy ``full`` (the whole tensor, on the CPU) into ``target``: all of it, or the part
     a DTensor holds on this rank (its placements say which: shards, strided shards or
     replicas), without any communication."""
-    from torch.distributed.tensor import DTensor, distribute_tensor
+    if is_dtensor(target):
+        from torch.distributed.tensor import distribute_tensor
 
-    if isinstance(target, DTensor):
+        assert isinstance(target, torch.distributed.tensor.DTensor)
         mesh = target.device_mesh
         part = distribute_tensor(
             full.to(device=mesh.device_type, dtype=target.dtype),
