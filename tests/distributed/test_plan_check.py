@@ -178,3 +178,31 @@ def test_a_hugging_face_model_is_planned_and_checked() -> None:
     for row in rows:
         assert row.model_state_exact(), format_check(rows)
         assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
+
+
+def test_a_lora_job_is_planned_and_checked() -> None:
+    """LoRA on a Llama-shaped ``hf`` model: every parameter is held (sharded under fsdp2),
+    gradients, optimizer state and DDP's buckets are the adapters' only; the trackers agree
+    within 10%, state exactly."""
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from hf_fixtures import LLAMA_TINY, hf_overrides
+
+    base = ["model.kwargs={}", *hf_overrides(LLAMA_TINY), "data.batch_size=8", "data.seq_len=32"]
+    lora = "model.lora={r: 4, target_modules: [q_proj, v_proj]}"
+    job = load_job("recipes/lm_llama_hf.yaml", [*base, lora])
+    planner = Planner(job)
+    with quiet_warnings():
+        rows = check_layouts(job, ["ddp", "fsdp2"], [2], planner)
+        plain = plan_job(load_job("recipes/lm_llama_hf.yaml", base), ["ddp", "fsdp2"], [2])
+    full = {lay.strategy: lay for lay in plain.layouts}
+    # per layer, rank 4: q_proj's A 4 x 32 and B 32 x 4, v_proj's A 4 x 32 and B 16 x 4
+    assert planner.trainable_count == 2 * (4 * 32 + 32 * 4 + 4 * 32 + 16 * 4)
+    for row in rows:
+        assert row.model_state_exact(), format_check(rows)
+        assert row.ratio is not None and 0.9 <= row.ratio <= 1.1, format_check(rows)
+        assert row.tracked.setup == pytest.approx(row.layout.setup, rel=0.1), format_check(rows)
+        whole = full[row.layout.strategy]
+        assert row.layout.params >= whole.params  # the base, frozen, plus the adapters
+        assert row.layout.optimizer < whole.optimizer / 50
+        assert row.layout.grads < whole.grads / 50

@@ -281,6 +281,31 @@ def test_compare_table_says_when_losses_disagree() -> None:
     )
 
 
+def test_compare_counts_what_trains_under_lora() -> None:
+    """With ``model.lora`` the compared model has its adapters: every parameter in psi,
+    the adapters as what trains; ddp's all-reduce is counted in their bytes alone."""
+    pytest.importorskip("peft")
+    from convoy.bench.compare import _lora_lines, _parameters, gradient_psi, parameter_sizes
+    from convoy.config import load_job
+
+    base = ["data.batch_size=8", "model.kwargs={dropout: 0.0, depth: 2, hidden: 32, heads: 2}"]
+    job = load_job("recipes/lm_tiny.yaml", [*base, "model.lora={r: 2, target_modules: [q, v]}"])
+    sizes, plain = parameter_sizes(job), parameter_sizes(load_job("recipes/lm_tiny.yaml", base))
+    assert sizes is not None and plain is not None
+    adapters = 2 * 2 * (2 * 32 + 32 * 2)  # blocks x (q, v) x (A 2 x 32 + B 32 x 2)
+    assert (sizes.trainable_count, sizes.count) == (adapters, plain.count + adapters)
+    assert (sizes.trainable_bytes, sizes.bytes) == (4 * adapters, 4 * sizes.count)
+    assert plain.trainable_count == plain.count
+    ddp = job.model_copy(update={"strategy": load_job(None, ["strategy.name=ddp"]).strategy})
+    fsdp2 = job.model_copy(update={"strategy": load_job(None, ["strategy.name=fsdp2"]).strategy})
+    assert (gradient_psi(ddp, sizes), gradient_psi(fsdp2, sizes)) == (4 * adapters, sizes.bytes)
+    result = _parameters(job, sizes)
+    line = "".join(_lora_lines(result))
+    assert f"{adapters:,} of {sizes.count:,} parameters train" in line
+    assert line.startswith("LoRA r=2 on q, v") and "upper bound" in line
+    assert _lora_lines(_parameters(load_job("recipes/lm_tiny.yaml", base), plain)) == []
+
+
 def _namespace(tmp_path: object, **fields: object) -> object:
     import argparse
 

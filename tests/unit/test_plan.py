@@ -10,6 +10,7 @@ from convoy.config import load_job
 from convoy.errors import ConfigError
 from convoy.plan import (
     Planner,
+    format_bytes,
     format_plan,
     parse_memory,
     parse_strategies,
@@ -109,6 +110,43 @@ def test_fsdp2_gathers_ahead_only_where_a_unit_comes_next() -> None:
     one = {name: parts["comm"] for name, parts in two.layout("fsdp2", 1).moments.items()}
     assert one["forward (unit)"] == 4 * (HEAD + BLOCK)
     assert one["backward (in model)"] == 4 * (2 * HEAD + BLOCK)
+
+
+# lm_tiny's gpt, 2 blocks of width 32, adapters of rank 2 on each attention's q and v
+LORA_GPT = [
+    "data.batch_size=8",
+    "model.kwargs={dropout: 0.0, depth: 2, hidden: 32, heads: 2}",
+    "model.lora={r: 2, target_modules: [q, v]}",
+]
+ADAPTERS = 2 * 2 * (2 * 32 + 32 * 2)  # blocks x modules x (A 2 x 32 + B 32 x 2)
+
+
+def test_lora_holds_every_parameter_and_trains_the_adapters() -> None:
+    """LoRA: the frozen base is held (sharded under fsdp2); gradients, optimizer state and
+    DDP's buckets are the adapters' only, and the plan says what trains."""
+    pytest.importorskip("peft")
+    from convoy.plan import plan_to_dict
+
+    job = load_job("recipes/lm_tiny.yaml", LORA_GPT)
+    plan = plan_job(job, ["ddp", "fsdp2"], [2])
+    whole = plan_job(load_job("recipes/lm_tiny.yaml", LORA_GPT[:2]), ["ddp"], [2])
+    assert plan.trainable == ADAPTERS
+    assert plan.param_count == whole.param_count + ADAPTERS
+    ddp, fsdp2 = plan.layouts
+    assert ddp.params == 4 * plan.param_count
+    assert (ddp.grads, ddp.optimizer, ddp.comm) == (4 * ADAPTERS, 8 * ADAPTERS, 4 * ADAPTERS)
+    # dim 0 in halves: A (2, 32) -> 1 x 32, B (32, 2) -> 16 x 2
+    assert (fsdp2.grads, fsdp2.optimizer) == (2 * ADAPTERS, 4 * ADAPTERS)
+    assert fsdp2.params < ddp.params
+    text = format_plan(plan)
+    assert f"{ADAPTERS} trainable" in text and "LoRA r=2 on q, v" in text
+    assert f"LoRA: frozen parameters {format_bytes(4 * whole.param_count)}" in text
+    data = plan_to_dict(plan)
+    assert (data["trainable_parameters"], data["trainable_parameter_bytes"]) == (
+        ADAPTERS,
+        4 * ADAPTERS,
+    )
+    assert data["frozen_parameter_bytes"] == 4 * whole.param_count
 
 
 def test_sgd_without_momentum_has_no_state() -> None:

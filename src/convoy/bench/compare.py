@@ -15,7 +15,11 @@ does both). Each strategy is an ordinary engine run (``convoy.bench.runs``); the
 - communication per step per rank, to explain gaps (``Strategy.comm_volume``): DDP's
   all-reduce moves 2 psi (n-1)/n bytes, full-shard FSDP (all-gather forward, all-gather
   backward, reduce-scatter) 3 psi (n-1)/n, FSDP that keeps parameters gathered after forward
-  2 psi (n-1)/n, psi = parameter bytes; ``single`` moves nothing;
+  2 psi (n-1)/n, psi = parameter bytes; ``single`` moves nothing. With LoRA adapters
+  (``model.lora``, applied as the engine applies them) the report says how many parameters
+  train, DDP's all-reduce moves the trainable bytes only, and FSDP's figure (every
+  parameter gathered, psi the whole model's) is an upper bound: its reduce-scatter carries
+  the trainable gradients only;
 - whether the first steps' losses agree with the reference strategy's (the first listed)
   within a stated relative tolerance: the same model, data and global batch must give the
   same loss whatever the strategy.
@@ -54,6 +58,7 @@ from convoy.errors import ConfigError, one_of
 from convoy.models.registry import build_model
 from convoy.plan.check import tracked_peak
 from convoy.plan.job import takes_tensor_parallel
+from convoy.plan.model import with_adapters
 from convoy.strategies import strategy_class
 
 LOSS_RTOL = 1e-4
@@ -136,17 +141,40 @@ def comm_factor(strategy: Any, world_size: int) -> float:
     return strategy_class(strategy.name).comm_volume(strategy, world_size)
 
 
-def parameter_bytes(job: Job) -> int | None:
-    """Bytes of the model's parameters (built on the meta device); None if it cannot be built
-    here (the data's shape decides some models' sizes)."""
+@dataclass(frozen=True)
+class ParameterSizes:
+    """The model's parameters, all of them and those that train (LoRA: the adapters)."""
+
+    count: int
+    trainable_count: int
+    bytes: int
+    trainable_bytes: int
+
+
+def parameter_sizes(job: Job) -> ParameterSizes | None:
+    """The model's parameters as the engine trains it (built on the meta device, with its
+    adapters under ``model.lora``); None if it cannot be built here (the data's shape
+    decides some models' sizes). Tied weights count once."""
     try:
         shape = load_splits(job.data).shape
         with torch.device("meta"):
-            model = build_model(job.model.name, job.model.kwargs, shape)
+            model = with_adapters(job, build_model(job.model.name, job.model.kwargs, shape))
     except Exception:  # reported as n/a: the runs themselves say what is wrong with the data
         return None
-    unique = {id(p): p for p in model.parameters()}  # tied weights count once
-    return sum(p.numel() * p.element_size() for p in unique.values())
+    unique = list({id(p): p for p in model.parameters()}.values())
+    trainable = [p for p in unique if p.requires_grad]
+    return ParameterSizes(
+        count=sum(p.numel() for p in unique),
+        trainable_count=sum(p.numel() for p in trainable),
+        bytes=sum(p.numel() * p.element_size() for p in unique),
+        trainable_bytes=sum(p.numel() * p.element_size() for p in trainable),
+    )
+
+
+def parameter_bytes(job: Job) -> int | None:
+    """Bytes of the model's parameters, frozen ones too (``parameter_sizes``)."""
+    sizes = parameter_sizes(job)
+    return None if sizes is None else sizes.bytes
 
 
 def make_plan(args: argparse.Namespace) -> ComparePlan:
@@ -206,11 +234,12 @@ def run_compare(plan: ComparePlan) -> dict[str, Any]:
     order = sorted(plan.jobs, key=lambda s: -plan.jobs[s].scaling.max_workers)
     measured = {name: launch_and_measure(plan.jobs[name], plan.warmup) for name in order}
     reference = next(iter(plan.jobs))
-    psi = parameter_bytes(plan.jobs[reference])
     first = plan.jobs[reference]
+    sizes = parameter_sizes(first)
+    psi = None if sizes is None else sizes.bytes
     backend, device = device_label(first, measured[reference].summary)
     rows = [
-        _row(name, plan.jobs[name], measured[name], measured[reference], psi, plan.loss_rtol)
+        _row(name, plan.jobs[name], measured[name], measured[reference], sizes, plan.loss_rtol)
         for name in plan.jobs
     ]
     return {
@@ -228,6 +257,7 @@ def run_compare(plan: ComparePlan) -> dict[str, Any]:
         "warmup_steps": plan.warmup,
         "timed_steps": plan.steps,
         "parameter_bytes": psi,
+        **_parameters(first, sizes),
         "loss_reference": reference,
         "loss_rtol": plan.loss_rtol,
         "loss_steps": min(LOSS_STEPS, plan.warmup + plan.steps),
@@ -238,11 +268,39 @@ def run_compare(plan: ComparePlan) -> dict[str, Any]:
     }
 
 
+def _parameters(job: Job, sizes: ParameterSizes | None) -> dict[str, Any]:
+    """The report's parameter counts: all of them and those that train, with LoRA's
+    adapters (``lora``: a line saying which, None without)."""
+    lora = job.model.lora
+    return {
+        "parameters": None if sizes is None else sizes.count,
+        "trainable_parameters": None if sizes is None else sizes.trainable_count,
+        "trainable_parameter_bytes": None if sizes is None else sizes.trainable_bytes,
+        "lora": None if lora is None else f"LoRA r={lora.r} on {', '.join(lora.target_modules)}",
+    }
+
+
+def gradient_psi(job: Job, sizes: ParameterSizes | None) -> int | None:
+    """The psi a strategy's communication is counted in: the trainable bytes for DDP (its
+    all-reduce carries gradients only, none for frozen parameters), every parameter's for
+    FSDP (it gathers them all)."""
+    if sizes is None:
+        return None
+    gradients_only = strategy_class(job.strategy.name).comm_buffers == "ddp_buckets"
+    return sizes.trainable_bytes if gradients_only else sizes.bytes
+
+
 def _row(
-    name: str, job: Job, run: Measured, reference: Measured, psi: int | None, rtol: float
+    name: str,
+    job: Job,
+    run: Measured,
+    reference: Measured,
+    sizes: ParameterSizes | None,
+    rtol: float,
 ) -> dict[str, Any]:
     memory, source = peak_memory(job, run)
     factor = comm_factor(job.strategy, run.world_size)
+    psi = gradient_psi(job, sizes)
     worst = loss_gap(run.losses, reference.losses)
     return {
         **run.row(),
@@ -341,11 +399,30 @@ def format_report(result: dict[str, Any]) -> str:
                 if any("+tp" in row["strategy"] for row in result["strategies"])
                 else "."
             ),
+            *_lora_lines(result),
             f"step time: {result['timing']}"
             + (" (without compiling: the compile s column)" if compiled else "")
             + f". runs: {result['bench_dir']}",
         ]
     )
+
+
+def _lora_lines(result: dict[str, Any]) -> list[str]:
+    """Under LoRA, what trains and what that changes in the comm column; nothing otherwise."""
+    if not result.get("lora"):
+        return []
+    total, trainable = result.get("parameters"), result.get("trainable_parameters")
+    counts = (
+        f"{trainable:,} of {total:,} parameters train "
+        f"({format_bytes(result['trainable_parameter_bytes'])})"
+        if total and trainable is not None
+        else "trainable parameters n/a"
+    )
+    return [
+        f"{result['lora']}: {counts}; ddp's comm is of the trainable bytes (its all-reduce "
+        "carries gradients only), FSDP's of every parameter's, an upper bound (its "
+        "reduce-scatter carries the trainable gradients only)."
+    ]
 
 
 def _cells(row: dict[str, Any]) -> list[str]:

@@ -29,6 +29,11 @@ optimizer and strategy, without Ray, workers or a GPU:
   (``convoy.plan.setup``): its part plus one module's values for a model built on the meta
   device (``init_module``), the whole model first for one that is not.
 
+Under LoRA (``model.lora``) the model is built with its adapters, as the engine builds it:
+parameters are all of them, frozen and trainable; gradients, optimizer state and DDP's
+buckets are the trainable ones' only; FSDP gathers both but reduce-scatters the adapters'
+gradients alone.
+
 The peak is the largest of a few moments: the start of backward (activations and the
 backward transient), under FSDP2 the model's forward (its most bytes live at once, with the
 batch) and backward within the model (the transient from the outputs' gradient on), each

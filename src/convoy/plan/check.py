@@ -37,6 +37,7 @@ the engine's own build (``convoy.models.registry.build_skeleton``) and fill.
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -276,10 +277,37 @@ def _tracker(kind: str, parts: StepParts, batches: list[tuple[Any, Any]]) -> Any
 
 
 def _memory_tracker() -> Any:
-    """A fresh ``MemTracker`` (it follows every storage made while it is entered)."""
+    """A fresh ``MemTracker`` (it follows every storage made while it is entered), one that
+    also follows frozen parameters (``_frozen_aware``)."""
+    return _frozen_aware()()
+
+
+@functools.cache
+def _frozen_aware() -> type:
+    """``MemTracker`` that leaves frozen parameters (LoRA's base) without gradient hooks:
+    torch's hooks every parameter a module uses, and autograd refuses a hook on a tensor
+    that needs no gradient. Their bytes are still followed; they never have a gradient."""
     from torch.distributed._tools.mem_tracker import MemTracker  # loads Dynamo: see above
 
-    return MemTracker()
+    class FrozenAwareMemTracker(MemTracker):
+        def _track_module_params_and_buffers(
+            self, module: nn.Module, install_grad_hooks: bool = True
+        ) -> tuple[int, int]:
+            if install_grad_hooks:  # a frozen parameter counts as hooked already
+                hooked = self._param_to_grad_hook_handles
+                for param in module.parameters():
+                    if not param.requires_grad and param not in hooked:
+                        hooked[param] = (_NoHook(), _NoHook())
+            return super()._track_module_params_and_buffers(module, install_grad_hooks)
+
+    return FrozenAwareMemTracker
+
+
+class _NoHook:
+    """Stands in for the handle of a hook never registered."""
+
+    def remove(self) -> None:
+        """Nothing to remove."""
 
 
 class _Measure(StepHooks):
@@ -330,7 +358,7 @@ def _real_model(job: Job, source: ModelSource) -> tuple[nn.Module, InitialWeight
     """The model as the engine builds it (on meta with the weights that fill it, or whole
     and None), for a strategy that runs on real tensors here."""
     model, weights = registry.build_skeleton(
-        job.model.name, job.model.kwargs, source.shape, job.run.seed
+        job.model.name, job.model.kwargs, source.shape, job.run.seed, job.model.lora
     )
     size = sum(p.numel() * p.element_size() for p in model.parameters())
     if 4 * size > REAL_TENSOR_LIMIT:  # parameters, gradients, buckets or shards, state

@@ -32,10 +32,11 @@ def format_plan(plan: Plan) -> str:
             row.append("yes" if plan.fits(layout) else "no")
         rows.append(row)
     lines = [
-        f"plan: {plan.job.model.name} ({plan.param_count:,} parameters), {plan.job.precision}, "
+        f"plan: {plan.job.model.name} ({parameters_line(plan)}), {plan.job.precision}, "
         f"{plan.job.optim.name}, global batch {plan.job.data.batch_size}, "
         f"grad_accum_steps {plan.job.optim.grad_accum_steps}; bytes per rank at its peak",
         format_table(header, rows),
+        *lora_lines(plan),
     ]
     lines += [f"note: {note}" for note in plan.notes]
     if plan.gpu_memory is not None:
@@ -45,6 +46,30 @@ def format_plan(plan: Plan) -> str:
             + (f"{best.name} x {best.world_size} ({format_bytes(best.peak)})" if best else "none")
         )
     return "\n".join(lines)
+
+
+def parameters_line(plan: Plan) -> str:
+    """The model's parameters; under LoRA, how many of them train."""
+    lora = plan.job.model.lora
+    if lora is None:
+        return f"{plan.param_count:,} parameters"
+    share = 100 * plan.trainable / max(plan.param_count, 1)
+    return (
+        f"{plan.param_count:,} parameters, {plan.trainable:,} trainable ({share:.2f}%: LoRA "
+        f"r={lora.r} on {', '.join(lora.target_modules)})"
+    )
+
+
+def lora_lines(plan: Plan) -> list[str]:
+    """Under LoRA, the bytes of the frozen and the trainable parameters, and what only the
+    trainable ones have; nothing otherwise."""
+    if plan.job.model.lora is None:
+        return []
+    return [
+        f"LoRA: frozen parameters {format_bytes(4 * plan.frozen)}, trainable "
+        f"{format_bytes(4 * plan.trainable)} (fp32, whole model); gradients, optimizer state "
+        "and DDP's buckets are the trainable ones' only, FSDP gathers both"
+    ]
 
 
 def format_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -66,6 +91,9 @@ def plan_to_dict(plan: Plan) -> dict[str, Any]:
     return {
         "model": plan.job.model.name,
         "parameters": plan.param_count,
+        "trainable_parameters": plan.trainable,
+        "frozen_parameter_bytes": 4 * plan.frozen,
+        "trainable_parameter_bytes": 4 * plan.trainable,
         "precision": plan.job.precision,
         "optimizer": plan.job.optim.name,
         "global_batch": plan.job.data.batch_size,

@@ -24,6 +24,7 @@ from convoy.data.base import Splits
 from convoy.data.registry import load_splits
 from convoy.errors import ConfigError, ConvoyError
 from convoy.models.init import builds_on_meta
+from convoy.models.lora import apply_lora
 from convoy.models.registry import build_model
 from convoy.strategies.base import transformer_blocks
 
@@ -62,7 +63,7 @@ def load_source(job: Job) -> ModelSource:
     source = ModelSource(dict(splits.shape), first_sample(job, splits), notes=notes)
     try:
         with torch.device("meta"):
-            build_raw(job, source.shape)
+            with_adapters(job, build_raw(job, source.shape))
     except ConvoyError:
         raise
     except Exception as exc:
@@ -89,18 +90,25 @@ def first_sample(job: Job, splits: Splits) -> tuple[Any, Any]:
 
 
 def build_raw(job: Job, shape: dict[str, int]) -> nn.Module:
+    """The model as its factory builds it, without adapters."""
     return build_model(job.model.name, job.model.kwargs, shape)
 
 
+def with_adapters(job: Job, model: nn.Module) -> nn.Module:
+    """``model`` with the job's LoRA adapters (``model.lora``), the rest frozen, as the
+    engine builds it (``convoy.models.lora``); unchanged without ``model.lora``."""
+    return model if job.model.lora is None else apply_lora(model, job.model.lora)
+
+
 def build_skeleton(job: Job, source: ModelSource, tp_share: bool = False) -> nn.Module:
-    """The model on the meta device (or for real, when its factory cannot run on meta);
-    ``tp_share``: one tensor-parallel rank's share of it (``tensor_parallel_share``), under
-    the job's ``strategy.tp_size``."""
+    """The model the job trains (with its adapters, ``model.lora``) on the meta device (or
+    for real, when its factory cannot run on meta); ``tp_share``: one tensor-parallel rank's
+    share of it (``tensor_parallel_share``), under the job's ``strategy.tp_size``."""
     if not source.on_meta:
-        model = build_raw(job, source.shape)
+        model = with_adapters(job, build_raw(job, source.shape))
     else:
         with torch.device("meta"):
-            model = build_raw(job, source.shape)
+            model = with_adapters(job, build_raw(job, source.shape))
     tp_size = tp_size_of(job.strategy)
     return tensor_parallel_share(model, tp_size) if tp_share and tp_size > 1 else model
 

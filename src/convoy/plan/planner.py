@@ -115,6 +115,11 @@ class Planner:
     def param_count(self) -> int:
         return sum(p.numel() for p in self.params)
 
+    @property
+    def trainable_count(self) -> int:
+        """Parameters that train (all of them, but the adapters alone under ``model.lora``)."""
+        return self.parts(1).trainable_count
+
     def parts(self, tp_size: int) -> ModelParts:
         """The model (one tensor-parallel rank's share of it, for ``tp_size`` > 1) in units."""
         if tp_size not in self._parts:
@@ -133,6 +138,7 @@ class Planner:
         return self._activations[key]
 
     def optimizer(self, strategy: str, world_size: int, tp_size: int = 1) -> OptimizerCost:
+        """The optimizer over the trainable parameters (the adapters alone under LoRA)."""
         # Per-parameter shards (FSDP2) are DTensors the optimizer steps at any world size; a
         # flat shard per unit (FSDP1, use_orig_params) is stepped as plain tensors of shard
         # shapes; unsharded state as the parameters' own shapes.
@@ -140,7 +146,7 @@ class Planner:
         layout = sharding.layout if sharding.optimizer_state else None
         size = world_size if sharding.optimizer_state else 1
         key = (layout or "whole", size, tp_size)
-        params = self.parts(tp_size).params
+        params = self.parts(tp_size).trainable
         if key not in self._optimizer:
             if layout == "per_parameter":
                 shapes = [tuple(p.shape) for p in params]
@@ -161,7 +167,8 @@ class Planner:
         # or none; under tensor parallelism, the share of one rank of its group.
         shards = cls.shard_ranks(job.strategy, world_size)
         assert shards is not None, f"{strategy} cannot run on {world_size} ranks (plan_job)"
-        params = grads = 4 * _local_params(cls, shards, parts)  # fp32 master weights, gradients
+        params = 4 * _local_params(cls, shards, parts)  # fp32 master weights, frozen ones too
+        grads = 4 * _local_grads(cls, shards, parts)  # the trainable parameters' only
         opt = self.optimizer(strategy, shards, tp)
         acts = self.activations(job, rows)
         comm = self._comm(job, cls, shards, parts)
@@ -169,14 +176,15 @@ class Planner:
         # keeps them unsharded under FSDP.
         accum_grads = 0
         if job.optim.grad_accum_steps > 1:
-            accum_grads = 4 * parts.param_count if cls.sharding.gradients else grads
+            accum_grads = 4 * parts.trainable_count if cls.sharding.gradients else grads
         static = {"params": params, "optimizer": opt.state}
         ddp_buckets = comm if cls.comm_buffers == "ddp_buckets" else 0
         moments = _step_moments(static, grads, accum_grads, acts, opt, ddp_buckets)
         setup = set_up(cls, shards, params, self._sizes(parts))
-        # DDP allocates its buckets once it wraps the filled model: the larger of the two.
+        # DDP broadcasts the filled model, then allocates its buckets: the larger of those.
         fill = setup.peak - params
-        extra = {"temp": fill} if fill > ddp_buckets else {"comm": ddp_buckets}
+        wrap = max(ddp_buckets, _ddp_broadcast(parts)) if ddp_buckets else 0
+        extra = {"temp": fill} if fill > wrap else {"comm": wrap}
         moments[SETUP] = {"params": params, **extra}
         if cls.sharding.layout == "per_parameter":  # fully_shard's working set
             held = self._fsdp2_held(job, shards, parts)
@@ -215,10 +223,11 @@ class Planner:
 
     def _comm(self, job: Job, cls: type[Strategy], world_size: int, parts: ModelParts) -> int:
         """DDP's buckets hold a copy of every gradient (fp32; Convoy's DDP keeps
-        ``gradient_as_bucket_view`` off). FSDP holds the largest unit unsharded and
-        all-gathers the next one ahead, in the dtype it computes in."""
+        ``gradient_as_bucket_view`` off), of trainable parameters only. FSDP holds the
+        largest unit unsharded (frozen parameters too) and all-gathers the next one ahead,
+        in the dtype it computes in."""
         if cls.comm_buffers == "ddp_buckets":
-            return 4 * parts.param_count
+            return 4 * parts.trainable_count
         if not cls.gathers_parameters(world_size):
             return 0
         dtype = compute_dtype(job)
@@ -237,7 +246,8 @@ class Planner:
         unit that ran before it in forward ahead (the first block has none). A unit's
         gradients (its parameters' shapes, param dtype) live until its post-backward copies
         them into the reduce-scatter input (padded, reduce dtype), after it is resharded;
-        the root's live until the end of backward.
+        the root's live until the end of backward. Frozen parameters (LoRA's base) are
+        gathered with their unit but have no gradients to hold or reduce-scatter.
 
         - ``forward (unit)``: the root unsharded, plus the largest of a unit's all-gather
           output with its copy (or with the next unit's all-gather output);
@@ -298,6 +308,32 @@ def _local_params(cls: type[Strategy], shards: int, parts: ModelParts) -> int:
     if sharded:
         return sum(shard_numel(p, shards) for p in parts.params)
     return parts.param_count
+
+
+DDP_BROADCAST_BUCKET = 250 * 2**20
+"""Bytes DDP flattens at a time to broadcast rank 0's parameters as it wraps the model
+(``DistributedDataParallel.broadcast_bucket_size``)."""
+
+
+def _ddp_broadcast(parts: ModelParts) -> int:
+    """The flat copy DDP makes of the parameters, frozen ones too, to broadcast them at wrap
+    (fp32): one bucket at a time, a parameter larger than a bucket alone in its own. Without
+    frozen parameters it is never more than the gradient buckets."""
+    largest = max((p.numel() for p in parts.params), default=0)
+    return 4 * max(min(parts.param_count, DDP_BROADCAST_BUCKET // 4), largest)
+
+
+def _local_grads(cls: type[Strategy], shards: int, parts: ModelParts) -> int:
+    """Gradient elements one rank holds after a step's backward: those of the trainable
+    parameters, whole or its shard of each (FSDP1: the flat shard of every unit that holds
+    a trainable parameter, frozen ones' places included)."""
+    sharded = cls.sharding.gradients and shards > 1
+    if sharded and cls.sharding.layout == "flat_per_unit":
+        units = [u for u in parts.units if any(p.requires_grad for p in u)]
+        return sum(math.ceil(sum(p.numel() for p in u) / shards) for u in units)
+    if sharded:
+        return sum(shard_numel(p, shards) for p in parts.trainable)
+    return parts.trainable_count
 
 
 def _step_moments(
@@ -414,12 +450,14 @@ class _Fsdp2Bytes:
         return self.unsharded(unit) if self.world_size > 1 else 0
 
     def reduce_input(self, unit: Sequence[nn.Parameter]) -> int:
-        """The reduce-scatter input: none on one rank."""
-        return self.reduce_size * self.padded(unit) if self.world_size > 1 else 0
+        """The reduce-scatter input (the trainable parameters'): none on one rank."""
+        trainable = [p for p in unit if p.requires_grad]
+        return self.reduce_size * self.padded(trainable) if self.world_size > 1 else 0
 
     def grads(self, unit: Sequence[nn.Parameter]) -> int:
-        """The unit's new gradients (its parameters' shapes, param dtype)."""
-        return self.param_size * sum(p.numel() for p in unit) if self.new_grads else 0
+        """The unit's new gradients (its trainable parameters' shapes, param dtype)."""
+        numel = sum(p.numel() for p in unit if p.requires_grad)
+        return self.param_size * numel if self.new_grads else 0
 
 
 @dataclass(frozen=True)
@@ -448,6 +486,15 @@ class ModelParts:
         return sum(p.numel() for p in self.params)
 
     @property
+    def trainable(self) -> list[nn.Parameter]:
+        """The parameters that train (``requires_grad``): under LoRA, the adapters."""
+        return [p for p in self.params if p.requires_grad]
+
+    @property
+    def trainable_count(self) -> int:
+        return sum(p.numel() for p in self.trainable)
+
+    @property
     def largest_unit(self) -> int:
         """Parameters in the largest wrap unit."""
         return max(sum(p.numel() for p in unit) for unit in self.units)
@@ -462,6 +509,18 @@ class Plan:
     gpu_memory: int | None
     param_count: int
     notes: list[str]
+    trainable_count: int | None = None
+    """Parameters that train; None: all of them (``param_count``)."""
+
+    @property
+    def trainable(self) -> int:
+        """Parameters that train (under LoRA, the adapters)."""
+        return self.param_count if self.trainable_count is None else self.trainable_count
+
+    @property
+    def frozen(self) -> int:
+        """Parameters that do not train (under LoRA, the base model)."""
+        return self.param_count - self.trainable
 
     def fits(self, layout: Layout) -> bool | None:
         return None if self.gpu_memory is None else layout.peak <= self.gpu_memory
@@ -523,7 +582,7 @@ def plan_job(
             "of one node, that splits a world size into 2 or more replicas)"
         )
     notes += whole_build_notes(layouts, planner.whole_build_reason)
-    return Plan(job, layouts, gpu_memory, planner.param_count, notes)
+    return Plan(job, layouts, gpu_memory, planner.param_count, notes, planner.trainable_count)
 
 
 def whole_build_notes(layouts: Sequence[Layout], reason: str | None) -> list[str]:
@@ -540,10 +599,13 @@ def whole_build_notes(layouts: Sequence[Layout], reason: str | None) -> list[str
 def plannable(job: Job, strategy: str, world_size: int, tp_size: int | None = None) -> bool:
     """Whether ``strategy`` (with the settings ``layout_job`` gives it) trains on
     ``world_size`` ranks: ``single`` on one, ``hsdp`` where its shard group splits them, a
-    tensor-parallel size on a strategy that has it and where it splits them."""
+    tensor-parallel size on a strategy that has it and where it splits them (never with
+    LoRA, which trains under data parallelism only)."""
     cls = strategy_class(strategy, "--strategies")
     if tp_size is not None and tp_size > 1 and not takes_tensor_parallel(strategy):
         return False
+    if tp_size is not None and tp_size > 1 and job.model.lora is not None:
+        return False  # LoRA trains under data parallelism only (convoy.models.lora)
     cfg = layout_job(job, strategy, world_size, tp_size).strategy
     if world_size % tp_size_of(cfg):
         return False
