@@ -1,6 +1,9 @@
-"""``convoy export RUN_DIR [--checkpoint step_N] [--format safetensors|hf] [--max-shard-size 5GB]``:
+"""``convoy export RUN_DIR [--checkpoint step_N] [--format safetensors|hf|peft] [--merge]``
+``[--max-shard-size 5GB]``:
 one checkpoint, consolidated from its shards, as a single-device model.safetensors plus
-model.json, or (for ``model.name: hf`` runs) as a folder ``transformers`` loads. Weights over
+model.json, or (for ``model.name: hf`` runs) as a folder ``transformers`` loads; a LoRA
+run's adapters as PEFT saves them (``--format peft``), or merged (``--format hf --merge``,
+which builds the whole model in one process). Weights over
 ``--max-shard-size`` are split into ``model-0000k-of-0000n.safetensors`` with their index;
 they stream from the checkpoint a file at a time, so the memory it takes is one file's."""
 
@@ -10,9 +13,10 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from convoy.errors import ConvoyError
 from convoy.storage import is_remote
 
-FORMATS = ("safetensors", "hf")
+FORMATS = ("safetensors", "hf", "peft")
 """``--format`` choices (``convoy.export`` names them too; it is imported only to export)."""
 
 MAX_SHARD_SIZE = "5GB"
@@ -43,7 +47,16 @@ def add_parser(commands: Any) -> None:
         help="safetensors (default, any model): model.safetensors under Convoy's keys, "
         "loadable with plain PyTorch; hf (model.name: hf runs): a save_pretrained folder "
         "(config.json, model.safetensors, the tokenizer that made the training ids) that "
-        "transformers' auto classes and AutoTokenizer load",
+        "transformers' auto classes and AutoTokenizer load; peft (model.lora runs): "
+        "adapter_config.json and adapter_model.safetensors, the adapters alone, which "
+        "PeftModel.from_pretrained loads over the base folder (model.kwargs.path)",
+    )
+    parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="with --format hf, for a model.lora run: the merged model (W + B A * alpha / r), "
+        "its base read from model.kwargs.path (or the seeded init of a config); this builds "
+        "the whole model in memory, in one process, unlike the other exports",
     )
     parser.add_argument(
         "--max-shard-size",
@@ -69,6 +82,7 @@ def run(args: argparse.Namespace) -> int:
         TOKENIZER_NOTES,
         export_checkpoint,
         export_hf,
+        export_peft,
         find_checkpoint,
         parse_size,
         read_description,
@@ -76,6 +90,11 @@ def run(args: argparse.Namespace) -> int:
     )
 
     shard_bytes = parse_size(args.max_shard_size)
+    if args.merge and args.format != "hf":
+        raise ConvoyError(
+            f"--merge: merges a model.lora run's adapters into an hf folder; got --format "
+            f"{args.format}: use --format hf --merge, or --format peft for the adapters alone"
+        )
     checkpoint = find_checkpoint(args.run, args.checkpoint)
     folder = checkpoint if args.format == "safetensors" else f"{checkpoint}-{args.format}"
     if args.out:
@@ -88,7 +107,11 @@ def run(args: argparse.Namespace) -> int:
         export_checkpoint(args.run, out, checkpoint, shard_bytes)
         print(f"exported {checkpoint} to {out}{in_shards(weight_files(out))}")
         return 0
-    export_hf(args.run, out, checkpoint, shard_bytes)
+    if args.format == "peft":
+        export_peft(args.run, out, checkpoint)
+        print(f"exported {checkpoint}'s adapters to {out} for PEFT")
+        return 0
+    export_hf(args.run, out, checkpoint, shard_bytes, merge=args.merge)
     note = TOKENIZER_NOTES[read_description(out)["tokenizer"]]
     print(f"exported {checkpoint} to {out}{in_shards(weight_files(out))} for transformers; {note}")
     return 0

@@ -10,7 +10,10 @@ them its way:
 - ``safetensors`` (``to_safetensors``), any model: ``model.safetensors`` under Convoy's
   keys, loadable with plain PyTorch and safetensors, no process group, no pickle;
 - ``hf`` (``to_hf``), ``model.name: hf`` runs: a ``save_pretrained`` folder that the task's
-  ``transformers`` auto class and ``AutoTokenizer`` load.
+  ``transformers`` auto class and ``AutoTokenizer`` load; for a LoRA run the merged model
+  (``merge``, ``adapters``: the whole model in one process);
+- ``peft`` (``to_peft``), LoRA runs: ``adapter_config.json`` and
+  ``adapter_model.safetensors``, which ``PeftModel.from_pretrained`` loads over the base.
 
 Weights over ``max_shard_size`` (default 5GB, as ``transformers``) are split into
 ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``.
@@ -30,6 +33,7 @@ from convoy.export.shards import (
     weight_files,
 )
 from convoy.export.to_hf import HF_FORMAT, TOKENIZER_NOTES, export_hf
+from convoy.export.to_peft import PEFT_FORMAT, export_peft
 from convoy.export.to_safetensors import SAFETENSORS_FORMAT, export_checkpoint
 
 __all__ = [
@@ -37,12 +41,14 @@ __all__ = [
     "HF_FORMAT",
     "INDEX_FILE",
     "MODEL_FILE",
+    "PEFT_FORMAT",
     "SAFETENSORS_FORMAT",
     "TOKENIZER_NOTES",
     "WEIGHTS_FILE",
     "evaluate_exported",
     "export_checkpoint",
     "export_hf",
+    "export_peft",
     "find_checkpoint",
     "load_exported",
     "parse_size",

@@ -14,6 +14,12 @@ saving (a mixture of experts whose experts it fuses when loading) is the excepti
 weights are converted all at once, so it is consolidated whole and ``save_pretrained``
 writes it, in shards of the same size.
 
+A LoRA run (``model.lora``) checkpoints its adapters only, so its folder is the merged model
+(``merge``, ``--merge``): the base from ``model.kwargs.path`` (or the seeded init of a
+config), the adapters folded in (``W + B A * alpha / r``, ``adapters.merged_model``), written
+by ``save_pretrained``. That takes the whole model in one process, unlike the streamed
+export; ``--format peft`` writes the adapters alone.
+
 The tokenizer is the one that made the training ids, so ``AutoTokenizer`` gives the ids the
 model learned: the run's BPE (its ``tokenizer.json``) or the 256 UTF-8 bytes, each wrapped
 as a ``PreTrainedTokenizerFast``; else the tokenizer files of ``model.kwargs.path`` (a run
@@ -38,6 +44,7 @@ from convoy.checkpoint import local_copy
 from convoy.config import Job
 from convoy.data.tokenizer import byte_level_chars
 from convoy.errors import ConvoyError
+from convoy.export.adapters import merged_model
 from convoy.export.consolidate import (
     SavedCheckpoint,
     consolidated_model,
@@ -96,25 +103,37 @@ def export_hf(
     out_dir: Path,
     checkpoint: str | None = None,
     max_shard_size: int | str = DEFAULT_MAX_SHARD_SIZE,
+    merge: bool = False,
 ) -> Path:
     """Write a ``transformers`` folder (plus ``model.json``) for a checkpoint of an ``hf``
-    run, its weights in shards of at most ``max_shard_size`` bytes; returns ``out_dir``."""
+    run, its weights in shards of at most ``max_shard_size`` bytes; returns ``out_dir``.
+    ``merge``: a LoRA run's, its adapters merged into the base (the whole model in memory)."""
     shard_bytes = parse_size(max_shard_size)
     saved = read_checkpoint(run, checkpoint)
     check_hf_job(saved.job)
+    check_merge(saved, merge)
     out_dir.mkdir(parents=True, exist_ok=True)
-    inner: Any = skeleton_model(saved).model  # a transformers PreTrainedModel, on meta
-    weights = hub_weights(inner)
-    if weights is None:
-        save_consolidated(saved, out_dir, shard_bytes)
+    if merge:
+        save_pretrained(merged_model(saved), out_dir, shard_bytes)
     else:
-        write_hf_config(inner, out_dir)
-        with local_copy(saved.run, saved.name) as path:
-            write_shards(path, hub_entries(path, weights), out_dir, shard_bytes)
+        write_hub_weights(saved, out_dir, shard_bytes)
     tokenizer = write_tokenizer(saved, out_dir)
     write_description(out_dir, description(saved, HF_FORMAT) | {"tokenizer": tokenizer})
     log_export(run, out_dir, f"{saved.name}-{HF_FORMAT}")  # beside a safetensors export
     return out_dir
+
+
+def write_hub_weights(saved: SavedCheckpoint, out_dir: Path, shard_bytes: int) -> None:
+    """The config and weights, streamed from the checkpoint a shard at a time where the
+    model's weights are saved as they are held."""
+    inner: Any = skeleton_model(saved).model  # a transformers PreTrainedModel, on meta
+    weights = hub_weights(inner)
+    if weights is None:
+        save_pretrained(consolidated_model(saved), out_dir, shard_bytes)
+        return
+    write_hf_config(inner, out_dir)
+    with local_copy(saved.run, saved.name) as path:
+        write_shards(path, hub_entries(path, weights), out_dir, shard_bytes)
 
 
 def hub_weights(inner: Any) -> dict[str, torch.Tensor] | None:
@@ -160,10 +179,9 @@ def write_hf_config(inner: Any, out_dir: Path) -> None:
         inner.generation_config.save_pretrained(str(out_dir))
 
 
-def save_consolidated(saved: SavedCheckpoint, out_dir: Path, shard_bytes: int) -> None:
-    """The whole model, read into one CPU model and written by ``save_pretrained``: for a
-    model whose weights ``transformers`` converts on saving."""
-    model = consolidated_model(saved)
+def save_pretrained(model: nn.Module, out_dir: Path, shard_bytes: int) -> None:
+    """The whole model (on one CPU device) written by ``save_pretrained``: for a model whose
+    weights ``transformers`` converts on saving, and a LoRA run's merged model."""
     assert isinstance(model, HuggingFaceModel)
     transformers_module().utils.logging.disable_progress_bar()  # one small bar per file
     inner: Any = model.model
@@ -176,6 +194,21 @@ def check_hf_job(job: Job) -> None:
         raise ConvoyError(
             f"--format: got 'hf'; this run's model is {job.model.name!r} (model.name), not a "
             "transformers model (model.name: hf): use --format safetensors"
+        )
+
+
+def check_merge(saved: SavedCheckpoint, merge: bool) -> None:
+    """A LoRA run's checkpoint holds its adapters only: its folder is the merged model
+    (``--merge``); a run without adapters has nothing to merge."""
+    if merge and saved.job.model.lora is None:
+        raise ConvoyError(
+            f"--merge: run {saved.run} has no model.lora adapters to merge; drop --merge"
+        )
+    if not merge and saved.job.model.lora is not None:
+        raise ConvoyError(
+            f"--format: got 'hf'; run {saved.run} trained model.lora adapters, which its "
+            "checkpoints hold without the base: add --merge for the merged model, or use "
+            "--format peft for the adapters"
         )
 
 
