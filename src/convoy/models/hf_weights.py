@@ -131,7 +131,7 @@ class FolderWeights:
         part = self._file(self.tensors[stored].file).get_slice(stored)
         if isinstance(target, DTensor):
             local = target.to_local()
-            region = _local_region(target)
+            region = local_region(target)
             values = part[region] if region is not None else part[:]
             if region is None:  # a layout without one region per rank: read whole, split
                 from torch.distributed.tensor import distribute_tensor
@@ -156,7 +156,7 @@ class FolderWeights:
         return self._open[path]
 
 
-def _local_region(target: Any) -> tuple[slice, ...] | None:
+def local_region(target: Any) -> tuple[slice, ...] | None:
     """The rows/columns of the whole tensor a DTensor holds on this rank, where its placements
     are plain shards and replicas (one block per rank); None for others (strided shards
     of FSDP over tensor parallelism on the same dimension)."""

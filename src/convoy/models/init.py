@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import ctypes
+import functools
 import hashlib
 import math
 import sys
@@ -41,7 +43,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from convoy.errors import ConfigError
-from convoy.models.hf_weights import FolderWeights
+from convoy.models.hf_weights import FolderWeights, local_region
 
 InitModule = Callable[[nn.Module], None]
 
@@ -174,6 +176,7 @@ class InitialWeights:
             for module in modules:
                 self.fill_module(module)
         self._cached = None
+        release_freed_memory()
 
     def materialize_and_fill(self, module: nn.Module, device: torch.device) -> None:
         """One module's own tensors, materialized on ``device`` and filled: FSDP1's
@@ -216,7 +219,9 @@ class InitialWeights:
         are kept, as its modules are filled one after another."""
         if self._cached is not None and self._cached[0] == id(unit):
             return self._cached[1]
-        self._cached = None  # the last unit's memory goes before this one's comes
+        if self._cached is not None:
+            self._cached = None  # the last unit's memory goes before this one's comes
+            release_freed_memory()
         values = self._make_unit(unit)
         self._cached = (id(unit), values)
         return values
@@ -341,6 +346,24 @@ def is_dtensor(tensor: torch.Tensor) -> bool:
     return isinstance(tensor, DTensor)
 
 
+def release_freed_memory() -> None:
+    """Hand the memory freed since the last call back to the system (glibc's
+    ``malloc_trim``): a unit's full tensors, made and dropped one after another in sizes the
+    allocator keeps on its heap, would otherwise stay resident beside the shards (measured:
+    0.6-1.1 GiB a rank of gpt_1b under fsdp2 x 4). Nothing happens off glibc."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim() -> Any:
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
 def _empty_like(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """Unset memory of ``tensor``'s shape and dtype on ``device``; for a DTensor, its local
     part, in the same layout."""
@@ -376,6 +399,10 @@ def _copy_into(target: torch.Tensor, full: torch.Tensor) -> None:
         from torch.distributed.tensor import distribute_tensor
 
         assert isinstance(target, torch.distributed.tensor.DTensor)
+        region = local_region(target)
+        if region is not None:  # this rank's block of rows / columns: a view, no copy
+            target.to_local().copy_(full[region])
+            return
         mesh = target.device_mesh
         part = distribute_tensor(
             full.to(device=mesh.device_type, dtype=target.dtype),
