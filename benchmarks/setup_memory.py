@@ -110,6 +110,8 @@ def train_run(tmp: Path) -> dict[str, Any]:
         "-o",
         "run.log_every_steps=1",
         "-o",
+        "optim.name=sgd",  # no optimizer state: the set-up is what is measured here
+        "-o",
         "checkpoint.every_epochs=null",
         "-o",
         "checkpoint.every_steps=null",
