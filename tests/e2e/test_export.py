@@ -1,5 +1,6 @@
 """Export round trip: safetensors from a (sharded) checkpoint reproduce the recorded metrics,
-in one file or split over --max-shard-size."""
+in one file or split over --max-shard-size; export and evaluate take a ranking run's best
+checkpoint, else its latest, and say which and why."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import yaml
 from safetensors.torch import load_file
 
 import convoy
-from convoy.checkpoint import CHECKPOINT_DIR, META_FILE
+from convoy.checkpoint import CHECKPOINT_DIR, META_FILE, committed_checkpoints, read_meta
 from convoy.cli import main
 from convoy.config import load_job
+from convoy.distributed import WorkerContext
+from convoy.engine.loop import train
 from convoy.errors import ConfigError
 from convoy.export import (
     MODEL_FILE,
@@ -121,7 +124,12 @@ def test_a_run_saved_before_torch_defaults_exports_and_evaluates(
     out = tmp_path / "exported"
     capsys.readouterr()
     assert main(["export", str(job.run_dir), "--out", str(out)]) == 0
-    assert capsys.readouterr().out.startswith("exported step_")
+    (chosen,) = committed_checkpoints(job.run_dir)
+    assert capsys.readouterr().out.splitlines()[:2] == [
+        f"convoy: exporting {chosen}, the only one; the run does not rank its checkpoints "
+        "(checkpoint.keep_best: 0)",
+        f"exported {chosen} to {out}",
+    ]
     optim = json.loads((out / MODEL_FILE).read_text())["job"]["optim"]
     assert (optim["momentum"], optim["betas"], optim["weight_decay"]) == (None, [0.9, 0.999], 0.05)
     assert {path: path.read_bytes() for path in saved} == saved
@@ -133,3 +141,72 @@ def test_a_run_saved_before_torch_defaults_exports_and_evaluates(
     lines = capsys.readouterr().out.splitlines()
     acc = next(line.split() for line in lines if line.startswith("test/acc "))
     assert float(acc[1]) == pytest.approx(test_acc) and float(acc[2]) == pytest.approx(test_acc)
+
+
+def convoy_out(capsys: pytest.CaptureFixture[str], *args: str) -> list[str]:
+    """``convoy ARGS`` in this process; the lines it printed (it must succeed)."""
+    capsys.readouterr()
+    assert main(list(args)) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def measured_acc(lines: list[str]) -> float:
+    """``test/acc`` as ``convoy evaluate`` printed it measured."""
+    return float(next(line.split()[1] for line in lines if line.startswith("test/acc ")))
+
+
+def test_export_and_evaluate_take_the_best_checkpoint_of_a_ranking_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Three epochs, a checkpoint after each, ranked by val/loss with max first: val/loss
+    falls as the MLP learns, so the best by that ranking is the first, not the latest (a
+    real ranking whose best is not the latest, without waiting for a run to overfit). Then
+    the run goes on one epoch without ranking, and the latest is taken again."""
+    overrides = [
+        "strategy.name=single",
+        "data.batch_size=128",  # 10 steps an epoch
+        "run.name=ranked",
+        "run.epochs=3",
+        "run.progress=off",
+        f"run.storage_dir={tmp_path}",
+        "checkpoint.every_epochs=1",
+        "checkpoint.keep_latest=1",
+        "checkpoint.keep_best=3",
+        "checkpoint.best_metric=val/loss",
+        "checkpoint.best_mode=max",
+    ]
+    job = load_job(RECIPE, overrides)
+    train(job, WorkerContext())
+    run = str(job.run_dir)
+    found = committed_checkpoints(run)
+    losses = {name: read_meta(run, name)["metrics"]["val/loss"] for name in found}
+    best, latest = max(losses, key=losses.__getitem__), found[-1]
+    assert len(found) == 3 and best == found[0] != latest
+    why = f"the best of 3 by val/loss ({losses[best]:.4g}, highest); latest is {latest}"
+
+    out = tmp_path / "best"
+    lines = convoy_out(capsys, "export", run, "--out", str(out))
+    assert lines[:2] == [f"convoy: exporting {best}, {why}", f"exported {best} to {out}"]
+    described = json.loads((out / MODEL_FILE).read_text())
+    assert described["checkpoint"].endswith(f"/{best}")
+    assert described["metrics"]["val/loss"] == losses[best]
+    lines = convoy_out(capsys, "evaluate", run)
+    assert lines[0] == f"convoy: evaluating {best}, {why}"
+    assert measured_acc(lines) == pytest.approx(evaluate_exported(out)["test/acc"])
+
+    lines = convoy_out(capsys, "export", run, "--checkpoint", latest, "--out", str(tmp_path / "l"))
+    assert lines[0] == f"convoy: exporting {latest}, as --checkpoint asked; latest is {latest}"
+
+    unranked = job.model_copy(
+        update={
+            "run": job.run.model_copy(update={"epochs": 4}),
+            "checkpoint": job.checkpoint.model_copy(update={"keep_best": 0, "keep_latest": 4}),
+        }
+    )
+    train(unranked, WorkerContext())  # resumes: one more epoch, a fourth checkpoint
+    found = committed_checkpoints(run)
+    lines = convoy_out(capsys, "evaluate", run)
+    assert lines[0] == (
+        f"convoy: evaluating {found[-1]}, the latest of {len(found)}; the run does not rank "
+        "its checkpoints (checkpoint.keep_best: 0)"
+    )

@@ -5,7 +5,9 @@ model.json, or (for ``model.name: hf`` runs) as a folder ``transformers`` loads;
 run's adapters as PEFT saves them (``--format peft``), or merged (``--format hf --merge``,
 which builds the whole model in one process). Weights over
 ``--max-shard-size`` are split into ``model-0000k-of-0000n.safetensors`` with their index;
-they stream from the checkpoint a file at a time, so the memory it takes is one file's."""
+they stream from the checkpoint a file at a time, so the memory it takes is one file's.
+Without ``--checkpoint`` it takes the run's best checkpoint where the run ranks them
+(``checkpoint.keep_best``), else its latest, and says which and why in one line first."""
 
 from __future__ import annotations
 
@@ -38,7 +40,10 @@ def add_parser(commands: Any) -> None:
         "run", help="the run directory, <run.storage_dir>/<run.name> (a path or s3:// URI)"
     )
     parser.add_argument(
-        "--checkpoint", help="a checkpoint name like step_00000312 (default: latest)"
+        "--checkpoint",
+        help="a checkpoint name like step_00000312 (default: the best by "
+        "checkpoint.best_metric where the run keeps its best ones, checkpoint.keep_best; "
+        "else the latest)",
     )
     parser.add_argument(
         "--format",
@@ -76,14 +81,15 @@ def add_parser(commands: Any) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Export the chosen (default: latest) checkpoint and say where it went."""
+    """Export the chosen (default: the best, where the run ranks them, else the latest)
+    checkpoint; say which and why, then where it went."""
     # Heavy (the exporter loads torch.distributed's checkpoint stack): imported only here.
     from convoy.export import (
         TOKENIZER_NOTES,
+        choose_checkpoint,
         export_checkpoint,
         export_hf,
         export_peft,
-        find_checkpoint,
         parse_size,
         read_description,
         weight_files,
@@ -95,7 +101,9 @@ def run(args: argparse.Namespace) -> int:
             f"--merge: merges a model.lora run's adapters into an hf folder; got --format "
             f"{args.format}: use --format hf --merge, or --format peft for the adapters alone"
         )
-    checkpoint = find_checkpoint(args.run, args.checkpoint)
+    choice = choose_checkpoint(args.run, args.checkpoint)
+    print(f"convoy: exporting {choice.name}, {choice.why}", flush=True)
+    checkpoint = choice.name
     folder = checkpoint if args.format == "safetensors" else f"{checkpoint}-{args.format}"
     if args.out:
         out = Path(args.out)

@@ -1,11 +1,12 @@
 """Export a run's checkpoint for use outside Convoy, and read an export back.
 
 Every format starts the same way (``consolidate``): the committed checkpoint and the job
-that wrote it. The weights then stream from the sharded DCP checkpoint into safetensors files
-one file at a time (``shards``), so a run sharded by any strategy over any world size exports
-alike, and the memory an export takes is one output file's, not the model's: a model bigger
-than the memory of the machine that exports it exports in smaller files. Each format writes
-them its way:
+that wrote it; without a name asked for, the run's best where it ranks its checkpoints, else
+its latest (``choice``). The weights then stream from the sharded DCP checkpoint into
+safetensors files one file at a time (``shards``), so a run sharded by any strategy over any
+world size exports alike, and the memory an export takes is one output file's, not the
+model's: a model bigger than the memory of the machine that exports it exports in smaller
+files. Each format writes them its way:
 
 - ``safetensors`` (``to_safetensors``), any model: ``model.safetensors`` under Convoy's
   keys, loadable with plain PyTorch and safetensors, no process group, no pickle;
@@ -19,11 +20,13 @@ Weights over ``max_shard_size`` (default 5GB, as ``transformers``) are split int
 ``model-0000k-of-0000n.safetensors`` with ``model.safetensors.index.json``.
 
 Both keep ``model.json`` (the job, the data's shape, the recorded metrics) beside the weights,
-and ``evaluate`` measures either on the job's test split (``convoy evaluate``).
+and ``evaluate`` measures either, or a run's checkpoint, on the job's test split (``convoy
+evaluate``).
 """
 
+from convoy.export.choice import CheckpointChoice, choose_checkpoint
 from convoy.export.consolidate import MODEL_FILE, find_checkpoint, read_description
-from convoy.export.evaluate import evaluate_exported, load_exported
+from convoy.export.evaluate import evaluate_checkpoint, evaluate_exported, load_exported
 from convoy.export.shards import (
     DEFAULT_MAX_SHARD_SIZE,
     INDEX_FILE,
@@ -45,6 +48,9 @@ __all__ = [
     "SAFETENSORS_FORMAT",
     "TOKENIZER_NOTES",
     "WEIGHTS_FILE",
+    "CheckpointChoice",
+    "choose_checkpoint",
+    "evaluate_checkpoint",
     "evaluate_exported",
     "export_checkpoint",
     "export_hf",

@@ -1,14 +1,14 @@
 """What every export format starts from: one committed checkpoint and the job that wrote it.
 
-``read_checkpoint`` names the checkpoint (the one asked for, or the latest) and reads its
-``meta.json``: the job that wrote it, the data's shape, the step and the metrics recorded
-for it. ``skeleton_model`` builds that job's model on the meta device: its names, shapes and
-tied weights, with no memory behind them, which is all an export needs of the model (the
-weights stream from the checkpoint, ``shards``). ``consolidated_model`` builds it whole on
-one CPU device and reads only the model entries of the sharded DCP checkpoint into it: DCP
-reshards from any world size and strategy, with no process group. ``description`` is the
-``model.json`` every export keeps beside its weights, so that ``convoy evaluate`` can
-rebuild the job's data and task.
+``read_checkpoint`` names the checkpoint (the one asked for, else the run's best where it
+ranks its checkpoints, else its latest: ``choice``) and reads its ``meta.json``: the job that
+wrote it, the data's shape, the step and the metrics recorded for it. ``skeleton_model``
+builds that job's model on the meta device: its names, shapes and tied weights, with no
+memory behind them, which is all an export needs of the model (the weights stream from the
+checkpoint, ``shards``). ``consolidated_model`` builds it whole on one CPU device and reads
+only the model entries of the sharded DCP checkpoint into it: DCP reshards from any world
+size and strategy, with no process group. ``description`` is the ``model.json`` every export
+keeps beside its weights, so that ``convoy evaluate`` can rebuild the job's data and task.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from convoy.checkpoint import checkpoint_path, committed_checkpoints, local_copy, read_meta
+from convoy.checkpoint import checkpoint_path, local_copy, read_meta
 from convoy.config import Job, job_from_saved
-from convoy.errors import ConvoyError
+from convoy.export.choice import choose_checkpoint
 from convoy.models.registry import build_model
 
 MODEL_FILE = "model.json"
@@ -42,19 +42,14 @@ class SavedCheckpoint:
 
 
 def find_checkpoint(run: str | Path, checkpoint: str | None) -> str:
-    """The name of the given committed checkpoint of a run (local or ``s3://``), or its latest."""
-    found = committed_checkpoints(run)
-    if not found:
-        raise ConvoyError(f"RUN: {str(run)!r} has no committed checkpoints")
-    if checkpoint is None:
-        return found[-1]
-    if checkpoint in found:
-        return checkpoint
-    raise ConvoyError(f"--checkpoint: got {checkpoint!r}; this run has: {', '.join(found)}")
+    """The name of the given committed checkpoint of a run (local or ``s3://``), or of the
+    one ``choose_checkpoint`` takes: its best where the run ranks them, else its latest."""
+    return choose_checkpoint(run, checkpoint).name
 
 
 def read_checkpoint(run: str | Path, checkpoint: str | None = None) -> SavedCheckpoint:
-    """The given (default: latest) committed checkpoint's facts; no weights are read."""
+    """The given (default: ``choose_checkpoint``'s) committed checkpoint's facts; no weights
+    are read."""
     name = find_checkpoint(run, checkpoint)
     meta = read_meta(run, name)
     return SavedCheckpoint(run, name, meta, job_from_saved(meta["job"]))

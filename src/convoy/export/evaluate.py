@@ -1,9 +1,13 @@
-"""Read an export back (either format) and measure it on its job's test split.
+"""Read an export back (either format), or a run's checkpoint, and measure it on its job's
+test split.
 
 ``load_exported`` rebuilds the job's model from ``model.json`` and the export's weights: a
 ``safetensors`` export under Convoy's keys (one file, or shards with their index), an ``hf``
-export through ``transformers`` from the folder itself. ``evaluate_exported`` runs the job's task on the job's data in one
-process, as training measured it, so the metrics can be put beside the recorded ones.
+export through ``transformers`` from the folder itself. ``evaluate_exported`` runs the job's
+task on the job's data in one process, as training measured it, so the metrics can be put
+beside the recorded ones. ``evaluate_checkpoint`` does the same for a committed checkpoint of
+a run, consolidated in memory (a LoRA run's adapters on their rebuilt base): the one named,
+else the one ``convoy export`` would take.
 """
 
 from __future__ import annotations
@@ -20,7 +24,15 @@ from convoy.data.registry import check_dataset, load_splits
 from convoy.engine.amp import Precision
 from convoy.engine.evaluate import evaluate
 from convoy.errors import ConvoyError
-from convoy.export.consolidate import build_job_model, read_description
+from convoy.export.adapters import adapted_model
+from convoy.export.consolidate import (
+    SavedCheckpoint,
+    build_job_model,
+    consolidated_model,
+    description,
+    read_checkpoint,
+    read_description,
+)
 from convoy.export.shards import read_weights
 from convoy.export.to_hf import HF_FORMAT, load_hf_export
 from convoy.metrics import MetricsManager
@@ -43,6 +55,30 @@ def evaluate_exported(export_dir: Path, overrides: list[str] | None = None) -> d
     """Test metrics of an exported model, in one process, on its job's dataset, plus the
     data's reference figures for the test split (e.g. ``test/gzip_bpb``)."""
     model, described = load_exported(export_dir)
+    return evaluate_model(model, described, overrides)
+
+
+def evaluate_checkpoint(
+    run: str | Path, checkpoint: str, overrides: list[str] | None = None
+) -> tuple[dict[str, float], dict[str, Any]]:
+    """Test metrics of a run's committed ``checkpoint``, as ``evaluate_exported`` measures an
+    export of it, and its description (``model.json``'s fields: the metrics it recorded)."""
+    saved = read_checkpoint(run, checkpoint)
+    described = description(saved, "checkpoint")
+    return evaluate_model(checkpoint_model(saved), described, overrides), described
+
+
+def checkpoint_model(saved: SavedCheckpoint) -> nn.Module:
+    """The checkpoint's model whole on one CPU device, in eval mode: a LoRA run's with its
+    base rebuilt and its adapters read in (its checkpoints hold the adapters only)."""
+    return consolidated_model(saved) if saved.job.model.lora is None else adapted_model(saved)
+
+
+def evaluate_model(
+    model: nn.Module, described: dict[str, Any], overrides: list[str] | None = None
+) -> dict[str, float]:
+    """Test metrics of ``model`` (on CPU, eval mode), in one process, on the dataset of the
+    job ``described``, plus the data's reference figures for the test split."""
     # Overrides fix what moved since training, e.g. -o data.path=...; the recorded job is
     # checked only after they apply.
     job = job_from_saved(described["job"], overrides)
