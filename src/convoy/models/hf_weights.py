@@ -13,6 +13,7 @@ model's own seeded init, as ``from_pretrained`` initializes its missing keys.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +94,6 @@ class FolderWeights:
                     )
         self.bytes_read = 0
         """Bytes this process has read from the files (what its slices hold)."""
-        self._open: dict[Path, Any] = {}
 
     def stored_name(self, name: str) -> str | None:
         """The file's name for the model's parameter ``name``; None where it has none. A
@@ -124,12 +124,21 @@ class FolderWeights:
     def load_into(self, name: str, target: torch.Tensor) -> None:
         """Read the stored tensor of parameter ``name`` into ``target``: the part a DTensor
         holds on this rank (only those rows or columns are read), or all of it."""
-        from torch.distributed.tensor import DTensor
-
         stored = self.stored_name(name)
         assert stored is not None
-        part = self._file(self.tensors[stored].file).get_slice(stored)
-        if isinstance(target, DTensor):
+        # The file is mapped for this tensor only: pages read through a mapping count in the
+        # process's resident set while it stays open (a rank would hold a quarter of every
+        # file at the end, beside its shards).
+        from safetensors import safe_open
+
+        with safe_open(str(self.tensors[stored].file), framework="pt") as opened:
+            self._read(opened.get_slice(stored), target)
+
+    def _read(self, part: Any, target: torch.Tensor) -> None:
+        if is_dtensor(target):
+            from torch.distributed.tensor import DTensor
+
+            assert isinstance(target, DTensor)
             local = target.to_local()
             region = local_region(target)
             values = part[region] if region is not None else part[:]
@@ -148,12 +157,15 @@ class FolderWeights:
             target.copy_(values)
         self.bytes_read += values.numel() * values.element_size()
 
-    def _file(self, path: Path) -> Any:
-        from safetensors import safe_open
 
-        if path not in self._open:
-            self._open[path] = safe_open(str(path), framework="pt")
-        return self._open[path]
+def is_dtensor(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` is a DTensor, without importing DTensor's modules where nothing has
+    (they import sympy: 1 CPU-s a process that never lays out a model)."""
+    if "torch.distributed.tensor" not in sys.modules:
+        return False
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
 
 
 def local_region(target: Any) -> tuple[slice, ...] | None:

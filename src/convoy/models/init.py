@@ -34,7 +34,6 @@ import ctypes
 import functools
 import hashlib
 import math
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -43,7 +42,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from convoy.errors import ConfigError
-from convoy.models.hf_weights import FolderWeights, local_region
+from convoy.models.hf_weights import FolderWeights, is_dtensor, local_region
 
 InitModule = Callable[[nn.Module], None]
 
@@ -334,16 +333,6 @@ def _to_empty(
             value = saved.get((id(m), key))
             if buffer is not None and value is not None:
                 buffer.copy_(value)
-
-
-def is_dtensor(tensor: torch.Tensor) -> bool:
-    """Whether ``tensor`` is a DTensor, without importing DTensor's modules where nothing has
-    (they import sympy: 1 CPU-s a process that never lays out a model)."""
-    if "torch.distributed.tensor" not in sys.modules:
-        return False
-    from torch.distributed.tensor import DTensor
-
-    return isinstance(tensor, DTensor)
 
 
 def release_freed_memory() -> None:
