@@ -356,7 +356,9 @@ def _train_units(job: Job, train: SizedDataset, world_size: int) -> TrainUnits:
         items=[{"position": p} for p in range(len(raw))],
         read=ReadChunks(tuple(ray.put(chunk) for chunk in raw), _preprocess_of(train)),
         window=max(1, job.data.ray_data.shuffle_buffer_rows // size),
-        inputs=tuple(input_columns(raw[0])) if raw else (INPUTS,),
+        # Raw columns that a preprocessing step turns into ``x`` (encoded images) name no
+        # input column yet: then the inputs are ``x``.
+        inputs=tuple(input_columns(raw[0]) if raw else ()) or (INPUTS,),
     )
 
 
