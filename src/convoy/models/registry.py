@@ -119,12 +119,21 @@ def build_initial(
     return model
 
 
-def _may_build_on_meta(name: str, kwargs: dict[str, Any]) -> bool:
+def _factory_class(name: str) -> type | None:
+    """The class a factory builds, where it is one (through ``functools.partial``)."""
     factory = resolve_factory(name)
     while isinstance(factory, functools.partial):
         factory = factory.func
+    return factory if isinstance(factory, type) else None
+
+
+def _class_has_init_module(name: str) -> bool:
+    return callable(getattr(_factory_class(name), "init_module", None))
+
+
+def _may_build_on_meta(name: str, kwargs: dict[str, Any]) -> bool:
     # A class says before it is built; a function is tried on meta (cheap) and asked after.
-    return not isinstance(factory, type) or callable(getattr(factory, "init_module", None))
+    return _factory_class(name) is None or _class_has_init_module(name)
 
 
 def check_builds_on_meta(
@@ -171,13 +180,6 @@ def _try_on_meta(
         if "meta parameter" not in str(w.message):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     return model if builds_on_meta(model) and not loaded else None
-
-
-def _class_has_init_module(name: str) -> bool:
-    factory = resolve_factory(name)
-    while isinstance(factory, functools.partial):
-        factory = factory.func
-    return isinstance(factory, type) and callable(getattr(factory, "init_module", None))
 
 
 def count_parameters(model: nn.Module) -> int:
