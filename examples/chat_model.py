@@ -67,8 +67,12 @@ def texts(path: Path) -> list[str]:
     return [m["content"] for row in rows for m in row["messages"]]
 
 
-def make_folder(folder: Path, conversations: Path = CONVERSATIONS) -> Path:
-    """The tokenizer and the tiny Llama, saved into ``folder``."""
+def make_folder(
+    folder: Path, conversations: Path = CONVERSATIONS, pretrain_steps: int = 300
+) -> Path:
+    """The tokenizer and the tiny Llama, saved into ``folder``; ``pretrain_steps`` of plain
+    next-token training first (0: the seeded, untrained Llama, for checks of the folder's
+    shape only)."""
     import torch
     import transformers
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
@@ -107,7 +111,7 @@ def make_folder(folder: Path, conversations: Path = CONVERSATIONS) -> Path:
     )
     torch.manual_seed(0)
     model = transformers.LlamaForCausalLM(config)
-    pretrain(model, fast, conversations)
+    pretrain(model, fast, conversations, pretrain_steps)
     model.save_pretrained(str(folder))
     return folder
 

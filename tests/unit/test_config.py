@@ -29,12 +29,28 @@ def test_every_shipped_recipe_parses(recipe: Path, cifar_tarball: Path, tmp_path
 
         write_fleet(FleetSpec(devices=3, hours=0.05, rate_hz=20), str(tmp_path / "fleet"))
         overrides.append(f"data.path={tmp_path / 'fleet'}")
+    if "models/chat" in recipe.read_text():  # the folder examples/chat_model.py makes
+        folder = chat_model_folder(tmp_path / "chat")
+        overrides += [f"model.kwargs.path={folder}", f"data.tokenizer_path={folder}"]
     job = load_job(recipe, overrides)
     assert isinstance(job, Job)
     # Everything the driver checks before workers start holds (factories, data, model fit).
     assert preflight(job).model == job.model
     # A resolved config round-trips through YAML unchanged.
     assert load_job_from_text(job_to_yaml(job), recipe.parent / "roundtrip.yaml") == job
+
+
+def chat_model_folder(folder: Path) -> Path:
+    """``examples/chat_model.py``'s folder (tokenizer, chat template, tiny Llama), untrained."""
+    import importlib.util
+
+    pytest.importorskip("transformers", reason="the 'hf' extra is not installed")
+    path = Path(__file__).resolve().parents[2] / "examples" / "chat_model.py"
+    spec = importlib.util.spec_from_file_location("chat_model", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_folder(folder, pretrain_steps=0)  # type: ignore[no-any-return]
 
 
 def load_job_from_text(text: str, path: Path) -> Job:
