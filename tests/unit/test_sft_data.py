@@ -320,6 +320,48 @@ def test_a_split_with_nothing_to_train_stops_the_run_in_one_line(
     assert "\n" not in str(caught.value) and "3 with no trained token left out" in str(caught.value)
 
 
+def test_the_counts_land_in_the_runs_summary(folders: dict[str, Path], tmp_path: Path) -> None:
+    """A run of one step (a one-layer gpt, in this process) on a train split with one row longer
+    than seq_len (cut, kept) and one with no assistant turn (left out): its summary.json
+    has each split's counts."""
+    from convoy.distributed import WorkerContext
+    from convoy.engine.loop import train
+    from convoy.outputs import read_summary
+
+    long_answer = {"role": "assistant", "content": "Paris, in France. " * 40}
+    rows = [*conversations(3), {"messages": [*CONVERSATION[:2], long_answer]}]
+    write_jsonl(tmp_path / "data" / "train.jsonl", [*rows, {"messages": CONVERSATION[:2]}])
+    write_jsonl(tmp_path / "data" / "val.jsonl", conversations(2))
+    write_jsonl(tmp_path / "data" / "test.jsonl", conversations(2))
+    job = load_job(
+        None,
+        [
+            "task.name=language_modeling",
+            "model.name=gpt",
+            "model.kwargs={depth: 1, hidden: 32, heads: 2}",
+            "data.name=sft",
+            f"data.path={tmp_path / 'data'}",
+            f"data.tokenizer_path={folders['chatml']}",
+            f"data.seq_len={SEQ_LEN}",
+            "data.batch_size=2",
+            "data.packing=false",
+            "run.max_steps=1",
+            "run.progress=off",
+            f"run.storage_dir={tmp_path / 'runs'}",
+            "strategy.name=single",
+            "scaling.launcher=local",
+            "scaling.num_workers=1",
+        ],
+    )
+    train(job, WorkerContext())
+    counted = read_summary(job.run_dir)["sft_rows"]
+    assert set(counted) == {"train", "val", "test"}
+    kept = ("rows", "samples", "cut", "too_long", "untrained")
+    assert [counted["train"][k] for k in kept] == [5, 4, 1, 0, 1]
+    assert [counted["val"][k] for k in kept] == [2, 2, 0, 0, 0]
+    assert counted["train"]["trained"] < counted["train"]["tokens"]
+
+
 def test_the_driver_checks_a_packed_batch_against_a_model(
     folders: dict[str, Path], mixed: Path
 ) -> None:

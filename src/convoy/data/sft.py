@@ -16,11 +16,12 @@ trained, else -100 (its last token's too). Samples are laid out in rows of ``dat
 tokens by ``convoy.data.packing`` (``data.packing``: packed with positions restarting per
 sample, or one a row).
 
-Counted and reported, per split (``meta["sft"]``, and one line from the driver): a sample
-longer than ``seq_len`` is cut to it or left out (``data.long_rows``); a row with no trained
-token (no assistant turn, or none left after the cut) is left out. Rows left out are
-``Splits.skipped``, with the reason, so the run's log and summary name them. A split left
-with no row stops the run before any worker (``check_sft_splits``, in the driver's checks).
+Counted and reported, per split (``meta["sft"]``, one line from the driver, and the run's
+``summary.json`` as ``sft_rows``): a sample longer than ``seq_len`` is cut to it or left out
+(``data.long_rows``); a row with no trained token (no assistant turn, or none left after the
+cut) is left out. Rows left out are ``Splits.skipped``, with the reason, so the run's log and
+summary name them. A split left with no row stops the run before any worker
+(``check_sft_splits``, in the driver's checks).
 
 Every rank encodes the same rows to the same samples; the ranks of a machine encode them once
 (``cached_arrays``, keyed on the rows, the tokenizer's files, the template and the settings).

@@ -53,7 +53,14 @@ from convoy.engine.stop import (
     grace_period_s,
     stop_after_step,
 )
-from convoy.engine.summary import Throughput, Timers, rank_interval, run_summary, unit_rate
+from convoy.engine.summary import (
+    Throughput,
+    Timers,
+    data_counts,
+    rank_interval,
+    run_summary,
+    unit_rate,
+)
 from convoy.errors import ConfigError
 from convoy.models.lora import trainable_counts
 from convoy.models.registry import build_model, count_parameters
@@ -171,6 +178,7 @@ def _train_and_summarize(
     )
     summary["skipped_records"] = list(data.skipped)
     summary["reference_metrics"] = dict(data.meta.get("reference_metrics", {}))
+    summary |= data_counts(data.meta)
     state.events.emit(EndEvent(summary))
     return summary
 

@@ -193,6 +193,17 @@ def run_summary(
     }
 
 
+def data_counts(meta: dict[str, Any]) -> dict[str, Any]:
+    """What the data source counted that the summary keeps beside the metrics: for ``sft``,
+    ``sft_rows``, per split, the rows read, the samples kept, those cut to ``data.seq_len``,
+    those left out as too long (``too_long``) or with no trained token (``untrained``), their
+    tokens and trained tokens, and the rows of ``seq_len`` they fill (the figures the driver
+    prints before the run, kept where a comparison of runs can read them)."""
+    if "sft" not in meta:
+        return {}
+    return {"sft_rows": {split: dict(counts) for split, counts in meta["sft"].items()}}
+
+
 def _steady_rates(
     timers: Timers, throughput: Throughput, count_name: str, rate: float | None, world_size: int
 ) -> dict[str, Any]:
