@@ -54,7 +54,8 @@ def add_parser(commands: Any) -> None:
         "(config.json, model.safetensors, the tokenizer that made the training ids) that "
         "transformers' auto classes and AutoTokenizer load; peft (model.lora runs): "
         "adapter_config.json and adapter_model.safetensors, the adapters alone, which "
-        "PeftModel.from_pretrained loads over the base folder (model.kwargs.path)",
+        "PeftModel.from_pretrained loads over the base folder (model.kwargs.path; a gpt "
+        "run's: over Convoy's model of the run, its seeded init)",
     )
     parser.add_argument(
         "--merge",

@@ -9,6 +9,9 @@ shards under the names PEFT's ``get_peft_model_state_dict`` gives them
 (``base_model.model.<transformers' name>.lora_A.weight``, no adapter name). Then
 ``PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(FOLDER), EXPORT)`` loads
 it. The tokenizer that made the training ids is written beside it, as for ``--format hf``.
+Another model (Convoy's ``gpt``) gets the same files under its own names, with no
+``task_type`` and no folder: ``from_pretrained`` over Convoy's model of the run (its seeded
+init, ``build_initial``) loads them, as PEFT loads adapters over any torch module.
 
 ``--format hf --merge`` writes the merged model instead (``adapters``, ``to_hf``).
 
