@@ -27,9 +27,22 @@ def data_rows(text: str) -> list[list[str]]:
     ]
 
 
+def driver_state() -> tuple[dict[str, str], dict[int, object], str]:
+    """What torchrun's agent, run in this process, changes while it runs: the environment,
+    the signal handlers and the thread's name."""
+    import os
+    import signal
+
+    from torch.multiprocessing import _get_thread_name
+
+    signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
+    return dict(os.environ), {s: signal.getsignal(s) for s in signals}, _get_thread_name()
+
+
 def test_allreduce_over_torchrun_prints_rows_and_footer(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    before = driver_state()
     code, out, _ = bench(
         capsys,
         "allreduce",
@@ -50,6 +63,7 @@ def test_allreduce_over_torchrun_prints_rows_and_footer(
         str(tmp_path / "ar.png"),
     )
     assert code == 0
+    assert driver_state() == before  # the agent ran in this process and left it as it was
     rows = data_rows(out)
     assert [int(r[0]) for r in rows] == [8 * 2**i for i in range(14)]  # 8 B .. 64 KiB
     for size, count, dtype, redop, time_us, algbw, busbw, wrong in rows:

@@ -27,7 +27,6 @@ import dataclasses
 import math
 import os
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -83,21 +82,6 @@ class StopRequested(ConvoyError):
         """The message is on the console already (the loop ran in this process)."""
         self.notice = notice
         """The request the run stopped on, as the launcher confirmed it."""
-
-
-@contextlib.contextmanager
-def forwarded_to(process: subprocess.Popen[Any]) -> Iterator[None]:
-    """While inside, a stop signal to this process (``convoy train`` driving torchrun) is
-    passed on to ``process``: SIGINT as itself, so the workers' line says what the user did,
-    the others as SIGTERM (torchrun's agent would die of a SIGUSR1). The agent sends its
-    workers the same signal and waits for them, and they save and stop as above."""
-
-    def forward(signum: int, frame: Any) -> None:
-        if process.poll() is None:
-            process.send_signal(signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM)
-
-    with handling_stop_signals(forward):
-        yield
 
 
 @contextlib.contextmanager

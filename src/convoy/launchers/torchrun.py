@@ -1,22 +1,26 @@
 """``torchrun``: the vanilla PyTorch baseline.
 
-The driver writes the resolved config into the run directory and spawns
-``python -m torch.distributed.run ... -m convoy.launchers.torchrun <config.yaml>``; each worker
-(this module's ``__main__``) reads torchrun's environment once and runs the engine. Elastic
+The driver writes the resolved config into the run directory and runs torchrun's agent
+(``torch.distributed.run ... -m convoy.launchers.torchrun <config.yaml>``) in its own process;
+each worker (this module's ``__main__``) reads torchrun's environment once and runs the engine. Elastic
 ``nnodes: MIN:MAX``, c10d rendezvous and ``--max-restarts`` (from ``scaling.max_failures``)
 come straight from the config.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import os
+import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from convoy.config import (
     Job,
@@ -27,7 +31,12 @@ from convoy.config import (
     torchrun_layout,
 )
 from convoy.distributed import WorkerContext, exit_without_teardown
-from convoy.engine.stop import STOPPED_EXIT_CODE, STOPPED_FILE, StopRequested, forwarded_to
+from convoy.engine.stop import (
+    STOPPED_EXIT_CODE,
+    STOPPED_FILE,
+    StopRequested,
+    handling_stop_signals,
+)
 from convoy.errors import ConfigError, LaunchError
 from convoy.launchers.base import (
     TRAIN,
@@ -126,44 +135,102 @@ def torchrun_command(
     return [*command, *worker]
 
 
-AGENT_FLAG = "--agent"
-
-
-def agent_command(command: list[str]) -> list[str]:
-    """``torchrun_command``'s line run by this module's ``agent_main``: torchrun's own agent,
-    quiet when a stop signal ends it."""
-    return [sys.executable, "-m", "convoy.launchers.torchrun", AGENT_FLAG, *command[3:]]
-
-
 # torchrun's agent's lines on a stop signal, which say what Convoy's line says after it.
 STOP_LOG_LINES = (
     "Received %s death signal, shutting down workers",
     "Sending process %s closing signal %s",
 )
+AGENT_LOGGERS = (
+    "torch.distributed.elastic.agent.server.api",
+    "torch.distributed.elastic.multiprocessing.api",
+)
+# The signals torchrun's own handler keeps while its agent runs in this process; the stop
+# signals are Convoy's (``stopping_the_agent``).
+AGENT_HANDLED_SIGNALS = "SIGHUP,SIGQUIT"
 
 
-def agent_main(argv: list[str]) -> None:
-    """torchrun (``torch.distributed.run``'s main) on ``argv``. A stop signal ends it as it
-    ends torchrun: the agent sends its workers the signal and waits for them, and they save
-    and say so; then it exits with 128 + the signal's number, without the traceback of its
-    ``SignalException`` or its log lines about the signal."""
-    import logging
-
+def run_agent(argv: list[str], env: dict[str, str]) -> int:
+    """torchrun (``torch.distributed.run``'s main) on ``argv``, in this process, its workers
+    given ``env``; its exit code. The agent runs here rather than in an interpreter of its own:
+    that one cost a launch about 2 CPU-s (Python, ``import torch`` and torchrun's modules)
+    of 10. A stop signal ends it as it ends torchrun: the agent sends its workers the signal
+    and waits for them, and they save and say so; then 128 + the signal's number, without
+    the traceback of its ``SignalException`` or its log lines about the signal. A worker's
+    failure is torchrun's summary of it, without the traceback around it."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import main
+
+    with agent_environment(env), quiet_stop_lines(), stopping_the_agent(SignalException):
+        try:
+            main(argv)
+        except SignalException as stopped:
+            return 128 + int(stopped.sigval)
+        except ChildFailedError as failed:
+            print(failed.format_msg(), file=sys.stderr)
+            return 1
+        except SystemExit as exited:  # torchrun's argument errors
+            return exited.code if isinstance(exited.code, int) else 1
+    return 0
+
+
+@contextlib.contextmanager
+def agent_environment(env: dict[str, str]) -> Iterator[None]:
+    """``env`` as this process's environment (torchrun gives its workers its own), and
+    torchrun's handlers on ``AGENT_HANDLED_SIGNALS`` only, while inside; then this process's
+    environment, handlers and thread name as they were (torchrun renames its thread)."""
+    import torch.multiprocessing
+
+    saved = dict(os.environ)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGQUIT)}
+    thread_name = torch.multiprocessing._get_thread_name()
+    os.environ.clear()
+    os.environ.update(env, TORCHELASTIC_SIGNALS_TO_HANDLE=AGENT_HANDLED_SIGNALS)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        torch.multiprocessing._set_thread_name(thread_name)
+
+
+@contextlib.contextmanager
+def quiet_stop_lines() -> Iterator[None]:
+    """torchrun's agent's ``STOP_LOG_LINES`` left out while inside."""
 
     def not_a_stop_line(record: logging.LogRecord) -> bool:
         return record.msg not in STOP_LOG_LINES
 
-    for name in (
-        "torch.distributed.elastic.agent.server.api",
-        "torch.distributed.elastic.multiprocessing.api",
-    ):
+    for name in AGENT_LOGGERS:
         logging.getLogger(name).addFilter(not_a_stop_line)
     try:
-        main(argv)
-    except SignalException as stopped:
-        sys.exit(128 + int(stopped.sigval))
+        yield
+    finally:
+        for name in AGENT_LOGGERS:
+            logging.getLogger(name).removeFilter(not_a_stop_line)
+
+
+@contextlib.contextmanager
+def stopping_the_agent(signal_exception: Any) -> Iterator[None]:
+    """While inside, the first stop signal raises torchrun's ``SignalException``, as its own
+    handler does: the agent sends its workers SIGINT (Ctrl-C, so their line says what the user
+    did) or SIGTERM (the others: a worker would die of SIGUSR1) and waits while they save.
+    A repeated signal (a second Ctrl-C, or the terminal's and a supervisor's) is not raised
+    into that wait: interrupting it left the saving workers behind, with a traceback."""
+    stopping = False
+
+    def stop(signum: int, frame: Any) -> None:
+        nonlocal stopping
+        if stopping:
+            return
+        stopping = True
+        sigval = signal.SIGINT if signum == signal.SIGINT else signal.SIGTERM
+        raise signal_exception(f"convoy got {signal.Signals(signum).name}", sigval=sigval)
+
+    with handling_stop_signals(stop):
+        yield
 
 
 def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
@@ -187,17 +254,10 @@ class TorchrunLauncher(Launcher):
             # Workers read the resolved config from a local file, wherever the run is stored.
             config_path = Path(scratch) / CONFIG_FILE
             config_path.write_text(job_to_yaml(job))
-            # In a session of its own, as torchrun starts its workers: a terminal's Ctrl-C
-            # reaches only this process, which passes it on once (``forwarded_to``). Also
-            # reached itself, the agent got it twice, and the second interrupted its wait for
-            # the saving workers with a traceback.
-            process = subprocess.Popen(
-                agent_command(torchrun_command(job, config_path, endpoint, entry)),
-                env=worker_environment(job, endpoint),
-                start_new_session=True,
-            )
-            with forwarded_to(process):
-                returncode = process.wait()
+            # torchrun starts its workers in sessions of their own: a terminal's Ctrl-C
+            # reaches only this process, whose agent passes it on once.
+            command = torchrun_command(job, config_path, endpoint, entry)
+            returncode = run_agent(command[3:], worker_environment(job, endpoint))
         if returncode != 0 and storage.exists(STOPPED_FILE):
             # Rank 0 wrote it after printing the same line: said once.
             raise StopRequested(storage.read_text(STOPPED_FILE), shown=True)
@@ -240,7 +300,4 @@ def worker_main(argv: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == [AGENT_FLAG]:
-        agent_main(sys.argv[2:])
-    else:
-        worker_main(sys.argv[1:])
+    worker_main(sys.argv[1:])
