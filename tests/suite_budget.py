@@ -41,6 +41,12 @@ DEFAULTS = {
 
 # module -> (its limit in reference CPU-s, why it needs more than its tier's default).
 EXCEPTIONS: dict[str, tuple[float, str]] = {
+    "tests/distributed/test_strategy_parity.py": (
+        90.0,
+        "every strategy against single on the same batches, and tensor parallelism composed "
+        "with compile and activation checkpointing: Inductor compiles each rank's blocks (one "
+        "test is 33 of the module's 36-49 reference CPU-s in the last two full runs)",
+    ),
     "tests/unit/test_sft_trl.py": (
         40.0,
         "TRL's own SFTTrainer prepares the rows Convoy's are checked against: trl, accelerate "
