@@ -27,16 +27,18 @@ def data_rows(text: str) -> list[list[str]]:
     ]
 
 
-def driver_state() -> tuple[dict[str, str], dict[int, object], str]:
+def driver_state() -> tuple[dict[str, str], dict[int, object], str, bool]:
     """What torchrun's agent, run in this process, changes while it runs: the environment,
-    the signal handlers and the thread's name."""
+    the signal handlers, the thread's name and the fault handler."""
+    import faulthandler
     import os
     import signal
 
     from torch.multiprocessing import _get_thread_name
 
     signals = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGHUP, signal.SIGQUIT)
-    return dict(os.environ), {s: signal.getsignal(s) for s in signals}, _get_thread_name()
+    handlers = {s: signal.getsignal(s) for s in signals}
+    return dict(os.environ), handlers, _get_thread_name(), faulthandler.is_enabled()
 
 
 def test_allreduce_over_torchrun_prints_rows_and_footer(

@@ -18,6 +18,7 @@ import socket
 import sys
 import tempfile
 import traceback
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -178,22 +179,32 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
 def agent_environment(env: dict[str, str]) -> Iterator[None]:
     """``env`` as this process's environment (torchrun gives its workers its own), and
     torchrun's handlers on ``AGENT_HANDLED_SIGNALS`` only, while inside; then this process's
-    environment, handlers and thread name as they were (torchrun renames its thread)."""
+    environment, handlers, thread name (torchrun renames its thread) and fault handler
+    (torchrun turns it on) as they were. Where standard error is not a file (a notebook,
+    pytest's capture) torchrun's warning that it could not turn the fault handler on is left
+    out: nothing of the run depends on it."""
+    import faulthandler
+
     import torch.multiprocessing
 
     saved = dict(os.environ)
     handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGHUP, signal.SIGQUIT)}
     thread_name = torch.multiprocessing._get_thread_name()
+    fault_handler_was_on = faulthandler.is_enabled()
     os.environ.clear()
     os.environ.update(env, TORCHELASTIC_SIGNALS_TO_HANDLE=AGENT_HANDLED_SIGNALS)
     try:
-        yield
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Unable to enable fault handler")
+            yield
     finally:
         os.environ.clear()
         os.environ.update(saved)
         for sig, handler in handlers.items():
             signal.signal(sig, handler)
         torch.multiprocessing._set_thread_name(thread_name)
+        if not fault_handler_was_on:
+            faulthandler.disable()
 
 
 @contextlib.contextmanager
