@@ -171,12 +171,6 @@ def parameter_sizes(job: Job) -> ParameterSizes | None:
     )
 
 
-def parameter_bytes(job: Job) -> int | None:
-    """Bytes of the model's parameters, frozen ones too (``parameter_sizes``)."""
-    sizes = parameter_sizes(job)
-    return None if sizes is None else sizes.bytes
-
-
 def make_plan(args: argparse.Namespace) -> ComparePlan:
     """Build and validate every strategy's job before any launch."""
     strategies = parse_strategies(args.strategies)

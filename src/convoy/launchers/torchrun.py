@@ -107,13 +107,19 @@ def hosts_rendezvous(endpoint: str) -> bool:
 def torchrun_command(
     job: Job, config_path: Path, endpoint: str | None = None, entry: WorkerEntry = TRAIN
 ) -> list[str]:
-    """The torchrun command line for ``job`` (public so tests and docs can show it)."""
+    """The torchrun command line for ``job`` (public so tests and docs can show it); the
+    launcher runs its arguments (``torchrun_arguments``) in its own process."""
+    arguments = torchrun_arguments(job, config_path, endpoint, entry)
+    return [sys.executable, "-m", "torch.distributed.run", *arguments]
+
+
+def torchrun_arguments(
+    job: Job, config_path: Path, endpoint: str | None = None, entry: WorkerEntry = TRAIN
+) -> list[str]:
+    """torchrun's arguments for ``job``: its options, then the worker module and its own."""
     opts = job.scaling.torchrun
     endpoint = endpoint or rendezvous_endpoint(job)
     command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
         f"--nnodes={nnodes_argument(job)}",
         f"--nproc-per-node={procs_per_node(job)}",
         f"--max-restarts={job.scaling.max_failures}",
@@ -267,8 +273,8 @@ class TorchrunLauncher(Launcher):
             config_path.write_text(job_to_yaml(job))
             # torchrun starts its workers in sessions of their own: a terminal's Ctrl-C
             # reaches only this process, whose agent passes it on once.
-            command = torchrun_command(job, config_path, endpoint, entry)
-            returncode = run_agent(command[3:], worker_environment(job, endpoint))
+            arguments = torchrun_arguments(job, config_path, endpoint, entry)
+            returncode = run_agent(arguments, worker_environment(job, endpoint))
         if returncode != 0 and storage.exists(STOPPED_FILE):
             # Rank 0 wrote it after printing the same line: said once.
             raise StopRequested(storage.read_text(STOPPED_FILE), shown=True)
