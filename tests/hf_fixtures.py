@@ -47,6 +47,21 @@ def hf_overrides(config: dict[str, object]) -> list[str]:
     return ["model.name=hf", *(f"model.kwargs.config.{k}={v}" for k, v in config.items())]
 
 
+BYTE_TEXT_LM = [
+    # The hf tests' language-modelling job: the bundled text as bytes, short rows, a few
+    # steps at a high rate (losses move visibly, and layouts must agree on them).
+    "task.name=language_modeling",
+    "data.name=text",
+    "data.tokenizer=bytes",
+    "data.seq_len=32",
+    "data.batch_size=8",
+    "data.eval_batch_size=64",
+    "data.train_size=64",
+    "optim.lr=1e-2",
+    "optim.warmup_steps=1",
+]
+
+
 def llama_without_units(vocab_size: int = 256) -> HuggingFaceModel:
     """A Llama whose class does not say which layers never split (``_no_split_modules``),
     as some models on the Hub do not."""

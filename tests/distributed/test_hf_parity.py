@@ -21,7 +21,7 @@ from convoy.distributed import WorkerContext
 from convoy.engine.loop import train
 from convoy.outputs import read_metrics
 from convoy.testing import parity_overrides, run_on_gloo, train_on_rank
-from hf_fixtures import GPT2_TINY, LLAMA_TINY, hf_overrides
+from hf_fixtures import BYTE_TEXT_LM, GPT2_TINY, LLAMA_TINY, hf_overrides
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.distributed
@@ -34,15 +34,7 @@ def hf_job(tmp_path: Path, model: str, strategy: str, workers: int, *extra: str)
         None,
         [
             *hf_overrides(MODELS[model]),
-            "task.name=language_modeling",
-            "data.name=text",
-            "data.tokenizer=bytes",
-            "data.seq_len=32",
-            "data.batch_size=8",
-            "data.eval_batch_size=64",
-            "data.train_size=64",
-            "optim.lr=1e-2",
-            "optim.warmup_steps=1",
+            *BYTE_TEXT_LM,
             "optim.grad_clip_norm=1.0",
             *parity_overrides(tmp_path, strategy, workers, STEPS, 3, f"{model}-{strategy}"),
             *extra,

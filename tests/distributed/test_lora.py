@@ -30,7 +30,7 @@ from convoy.engine.loop import train
 from convoy.errors import ConfigError
 from convoy.outputs import read_metrics
 from convoy.testing import parity_overrides, run_on_gloo, train_on_rank
-from hf_fixtures import LLAMA_TINY, hf_overrides
+from hf_fixtures import BYTE_TEXT_LM, LLAMA_TINY, hf_overrides
 
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
@@ -45,15 +45,7 @@ def lora_job(tmp: Path, strategy: str, workers: int, *extra: str, name: str = "r
         [
             *hf_overrides(LLAMA_TINY),
             LORA,
-            "task.name=language_modeling",
-            "data.name=text",
-            "data.tokenizer=bytes",
-            "data.seq_len=32",
-            "data.batch_size=8",
-            "data.eval_batch_size=64",
-            "data.train_size=64",
-            "optim.lr=1e-2",
-            "optim.warmup_steps=1",
+            *BYTE_TEXT_LM,
             *parity_overrides(tmp, strategy, workers, STEPS, 3, name),
             "checkpoint.every_steps=3",
             *extra,

@@ -29,7 +29,7 @@ from convoy.export import export_hf, export_peft
 from convoy.export.adapters import adapted_model
 from convoy.export.consolidate import read_checkpoint
 from convoy.testing import parity_overrides
-from hf_fixtures import saved_llama
+from hf_fixtures import BYTE_TEXT_LM, saved_llama
 
 pytestmark = pytest.mark.e2e
 transformers = pytest.importorskip("transformers", reason="the 'hf' extra is not installed")
@@ -46,15 +46,7 @@ def lora_job(tmp: Path, folder: Path, *extra: str, name: str = "run") -> Job:
         [
             "model.name=hf",
             f"model.kwargs.path={folder}",
-            "task.name=language_modeling",
-            "data.name=text",
-            "data.tokenizer=bytes",
-            "data.seq_len=32",
-            "data.batch_size=8",
-            "data.eval_batch_size=64",
-            "data.train_size=64",
-            "optim.lr=1e-2",
-            "optim.warmup_steps=1",
+            *BYTE_TEXT_LM,
             *parity_overrides(tmp, "single", 1, 3, 3, name),
             "checkpoint.every_steps=3",
             *extra,
