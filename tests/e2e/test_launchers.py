@@ -11,7 +11,7 @@ import pytest
 import convoy
 from convoy.checkpoint import committed_checkpoints, partial_checkpoints
 from convoy.config import load_job
-from convoy.errors import ResourceError
+from convoy.errors import LaunchError, ResourceError
 from convoy.launchers import get_launcher
 from convoy.launchers.base import WorkerEntry
 from convoy.outputs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_metrics
@@ -75,6 +75,27 @@ def test_local(tmp_path: Path) -> None:
 def test_torchrun_two_workers(tmp_path: Path) -> None:
     job = recipe_job(tmp_path, "scaling.launcher=torchrun", "scaling.num_workers=2")
     assert_trained(convoy.train(job), 2)
+
+
+def test_a_failed_torchrun_worker_is_torchruns_summary_and_one_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """torchrun's agent runs in this process: a worker that fails ends the run with torchrun's
+    summary of the failure (which rank, its exit code) and Convoy's one error, without the
+    agent's ``ChildFailedError`` traceback."""
+    job = recipe_job(
+        tmp_path,
+        "scaling.launcher=torchrun",
+        "scaling.num_workers=2",
+        "fault.kind=raise",
+        "fault.rank=1",
+        "fault.at_step=1",
+    )
+    with pytest.raises(LaunchError, match="torchrun exited with code 1"):
+        convoy.train(job)
+    err = capsys.readouterr().err
+    assert "convoy.launchers.torchrun FAILED" in err and "rank      : 1" in err
+    assert "ChildFailedError" not in err
 
 
 RAY_ARGS = ("scaling.launcher=ray", "scaling.num_workers=2", "scaling.cpus_per_worker=0.5")
