@@ -668,11 +668,11 @@ def test_fixed_size_runs_never_wait_on_the_autoscaling_coordinator(
     )
     from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
-    from convoy.launchers.ray_torch import (
-        ConvoyTorchTrainer,
+    from convoy.launchers.ray_controller import (
         NoAutoscalerScalingPolicy,
         UnblockedRequestsScalingPolicy,
     )
+    from convoy.launchers.ray_torch import ConvoyTorchTrainer
 
     given: list[object] = []
     controller_env: list[str | None] = []
@@ -706,7 +706,8 @@ def test_the_preemption_watcher_runs_where_a_node_can_be_drained(
 ) -> None:
     pytest.importorskip("ray.train")
     from convoy.launchers import ray_local
-    from convoy.launchers.ray_torch import ConvoyTorchTrainer, DeferredPreemptionCallback
+    from convoy.launchers.ray_controller import DeferredPreemptionCallback
+    from convoy.launchers.ray_torch import ConvoyTorchTrainer
 
     monkeypatch.setattr(ray_local, "state_api_running", lambda: False)
     if user_setting is None:
@@ -724,7 +725,7 @@ def test_the_preemption_watcher_starts_once_the_group_has_trained_a_while(
     pytest.importorskip("ray.train")
     from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
 
-    from convoy.launchers import ray_torch
+    from convoy.launchers import ray_controller
 
     started: list[object] = []
     stopped: list[bool] = []
@@ -733,21 +734,37 @@ def test_the_preemption_watcher_starts_once_the_group_has_trained_a_while(
     )
     monkeypatch.setattr(PreemptionCallback, "_stop_watcher", lambda self: stopped.append(True))
     clock = [100.0]
-    monkeypatch.setattr(ray_torch.time, "monotonic", lambda: clock[0])
-    callback = ray_torch.DeferredPreemptionCallback()
+    monkeypatch.setattr(ray_controller.time, "monotonic", lambda: clock[0])
+    callback = ray_controller.DeferredPreemptionCallback()
     callback.after_worker_group_start("group-1")
     callback.after_worker_group_poll_status(None)
     assert started == []  # not as the workers start
-    clock[0] += ray_torch.LONG_RUN_HELPERS_AFTER_S
+    clock[0] += ray_controller.LONG_RUN_HELPERS_AFTER_S
     callback.after_worker_group_poll_status(None)
     callback.after_worker_group_poll_status(None)
     assert started == ["group-1"]  # once, after the delay
     # A group shut down before the delay never gets one.
     callback.after_worker_group_start("group-2")
     callback.before_worker_group_shutdown("group-2")
-    clock[0] += ray_torch.LONG_RUN_HELPERS_AFTER_S
+    clock[0] += ray_controller.LONG_RUN_HELPERS_AFTER_S
     callback.after_worker_group_poll_status(None)
     assert started == ["group-1"] and stopped
+
+
+def test_ray_trains_controller_side_imports_no_torch() -> None:
+    """What Ray Train's controller unpickles for a Convoy run (the process group's backend,
+    the scaling policies, the deferred preemption watcher) imports neither torch nor the
+    engine: the controller is a process of its own, and torch is its dearest import."""
+    pytest.importorskip("ray.train")
+    probe = (
+        "import sys, convoy.launchers.ray_controller as c; "
+        "c.ProcessGroupConfig().backend_cls; "
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('convoy.engine')))"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    ).stdout.strip()
+    assert loaded == "[]"
 
 
 def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> None:
@@ -755,7 +772,7 @@ def test_a_private_ray_policy_sends_no_request_and_still_sizes_the_group() -> No
     from ray.train.v2._internal.execution.scaling_policy import ResizeDecision
     from ray.train.v2.api.config import ScalingConfig
 
-    from convoy.launchers.ray_torch import NoAutoscalerScalingPolicy
+    from convoy.launchers.ray_controller import NoAutoscalerScalingPolicy
 
     policy = NoAutoscalerScalingPolicy(ScalingConfig(num_workers=3))
     policy.after_controller_start(train_run_context=None)
@@ -771,7 +788,7 @@ def test_a_joined_cluster_policy_asks_the_coordinator_only_once_the_workers_run(
     from ray.train.v2._internal.execution.scaling_policy import NoopDecision, ResizeDecision
     from ray.train.v2.api.config import ScalingConfig
 
-    from convoy.launchers import ray_torch
+    from convoy.launchers import ray_controller
 
     created: list[str] = []
 
@@ -786,8 +803,8 @@ def test_a_joined_cluster_policy_asks_the_coordinator_only_once_the_workers_run(
         def maybe_send_resource_request(self, scaling_config: object, num_workers: int) -> None:
             self.sent.append(num_workers)
 
-    monkeypatch.setattr(ray_torch, "_RequestWithoutWaiting", RecordingClient)
-    policy = ray_torch.UnblockedRequestsScalingPolicy(ScalingConfig(num_workers=2))
+    monkeypatch.setattr(ray_controller, "_RequestWithoutWaiting", RecordingClient)
+    policy = ray_controller.UnblockedRequestsScalingPolicy(ScalingConfig(num_workers=2))
 
     class Context:
         run_id = "abc"
@@ -802,7 +819,7 @@ def test_a_joined_cluster_policy_asks_the_coordinator_only_once_the_workers_run(
     running = policy.make_decision_for_running_worker_group(GroupState(), None)
     assert isinstance(running, NoopDecision)
     assert created == []  # nor in the group's first seconds of training
-    GroupState.start_time -= ray_torch.LONG_RUN_HELPERS_AFTER_S
+    GroupState.start_time -= ray_controller.LONG_RUN_HELPERS_AFTER_S
     running = policy.make_decision_for_running_worker_group(GroupState(), None)
     assert isinstance(running, NoopDecision)
     assert created == ["train-abc"] and policy._coordinator_client.sent == [2, 2]

@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import functools
 import importlib
+from typing import TYPE_CHECKING, Any
 
 from convoy.config import LAUNCHER_NAMES
 from convoy.errors import ConfigError, one_of
-from convoy.launchers.base import Launcher, RunResult
+
+if TYPE_CHECKING:
+    from convoy.launchers.base import Launcher, RunResult
 
 
 def launcher_class(name: str, field: str = "scaling.launcher") -> type[Launcher]:
@@ -32,6 +35,8 @@ def get_launcher(name: str) -> Launcher:
 
 @functools.cache
 def _class_in_module(name: str) -> type[Launcher]:
+    from convoy.launchers.base import Launcher
+
     module = importlib.import_module(f"{__name__}.{name}")
     for value in vars(module).values():
         # The base class names no launcher (``name`` is set by each subclass).
@@ -39,6 +44,16 @@ def _class_in_module(name: str) -> type[Launcher]:
         if is_launcher and getattr(value, "name", None) == name:
             return value
     raise ImportError(f"{module.__name__} defines no Launcher subclass with name = {name!r}")
+
+
+def __getattr__(name: str) -> Any:
+    # ``Launcher`` and ``RunResult`` load with ``base`` (torch) on first use, so a process
+    # that imports one launcher helper (Ray Train's controller) does not import torch.
+    if name in ("Launcher", "RunResult"):
+        from convoy.launchers import base
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'convoy.launchers' has no attribute {name!r}")
 
 
 __all__ = ["LAUNCHER_NAMES", "Launcher", "RunResult", "get_launcher", "launcher_class"]

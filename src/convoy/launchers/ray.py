@@ -330,7 +330,8 @@ def build_trainer(
     from ray.train import DataConfig, ScalingConfig
 
     # ray_torch imports Ray Train at its top: here, it keeps the ray extra optional.
-    from convoy.launchers.ray_torch import ConvoyTorchTrainer, NodeInterfaceTorchConfig
+    from convoy.launchers.ray_controller import ProcessGroupConfig
+    from convoy.launchers.ray_torch import ConvoyTorchTrainer
 
     config: dict[str, Any] = {
         "job": job.model_dump(mode="json"),
@@ -352,7 +353,7 @@ def build_trainer(
         train_loop_per_worker=ray_worker_main,
         train_loop_config=config,
         **data,
-        torch_config=NodeInterfaceTorchConfig(
+        torch_config=ProcessGroupConfig(
             backend="nccl" if job.scaling.use_gpu else "gloo",
             timeout_s=int(job.run.collective_timeout_s),
         ),

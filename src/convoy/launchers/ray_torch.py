@@ -1,76 +1,31 @@
-"""Ray Train's torch backend, with each worker's gloo / NCCL socket on its node's interface.
+"""Ray Train's ``TorchTrainer`` for Convoy's runs, without the helpers a run does not need.
 
-Ray Train creates the process group (``TorchConfig``) before the train function runs, so the
-interface must be chosen in the backend's ``on_start``: every worker looks up the interface
-that holds its Ray node IP and exports ``GLOO_SOCKET_IFNAME`` / ``NCCL_SOCKET_IFNAME`` (unless
-the user set them) before ``init_process_group``. Without this, gloo advertises the address
-the host name resolves to, which is loopback on many machines, and a run whose workers span
-nodes fails with ``Gloo connectFullMesh failed``. Imported only by the ``ray`` launcher.
+Imported by the ``ray`` launcher in the driver only; what Ray Train's controller runs (the
+process group's backend, the scaling policies, the deferred preemption watcher) is in
+``convoy.launchers.ray_controller``, which imports no torch.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import ray._private.ray_constants as ray_constants
-from ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator import (
-    ResourceRequestPriority,
-)
-from ray.train._internal.autoscaling_coordinator_client import build_train_resource_request
-from ray.train.torch import TorchConfig, TorchTrainer
-from ray.train.torch.config import _TorchBackend
-from ray.train.v2._internal.callbacks.preemption_callback import PreemptionCallback
+from ray.train.torch import TorchTrainer
 from ray.train.v2._internal.constants import (
     DEFAULT_ENABLE_PREEMPTION_WATCHER,
     ENABLE_PREEMPTION_WATCHER_ENV_VAR,
 )
-from ray.train.v2._internal.execution.scaling_policy import (
-    AUTOSCALING_REQUESTS_EXPIRE_TIME_S,
-    FixedScalingPolicy,
-)
-from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
-    TrainAutoscalingCoordinatorClient,
-)
+from ray.train.v2._internal.execution.scaling_policy import FixedScalingPolicy
 
 from convoy.launchers import ray_local
-from convoy.network import socket_interface_env
-
-# How long a worker group trains before the helpers that serve long runs start: Ray Train's
-# preemption watcher and the autoscaling coordinator's request. Each is a Python process
-# (about 1 CPU-s to start) that Ray Train starts as training begins, where it slowed a 2-core
-# machine's first steps (warm first step 1.61x -> 1.48x torchrun's without the watcher).
-# A preemption in the first seconds loses only those seconds, and the workers' placement
-# group is already the autoscaler's demand.
-LONG_RUN_HELPERS_AFTER_S = 10.0
-
-
-def use_node_interface() -> dict[str, str]:
-    """On a worker: export the socket interface variables for this Ray node's IP."""
-    import ray.util
-
-    chosen = socket_interface_env(ray.util.get_node_ip_address())
-    os.environ.update(chosen)
-    return chosen
-
-
-class _NodeInterfaceBackend(_TorchBackend):
-    def on_start(self, worker_group: Any, backend_config: Any) -> None:
-        worker_group.execute(use_node_interface)
-        super().on_start(worker_group, backend_config)
-
-
-@dataclass
-class NodeInterfaceTorchConfig(TorchConfig):
-    """``TorchConfig`` whose process group uses each node's own interface."""
-
-    @property
-    def backend_cls(self) -> type:
-        return _NodeInterfaceBackend
+from convoy.launchers.ray_controller import (
+    DeferredPreemptionCallback,
+    NoAutoscalerScalingPolicy,
+    UnblockedRequestsScalingPolicy,
+)
 
 
 class ConvoyTorchTrainer(TorchTrainer):
@@ -176,96 +131,3 @@ def set_env(name: str, value: str) -> Iterator[None]:
             os.environ.pop(name, None)
         else:
             os.environ[name] = was
-
-
-class DeferredPreemptionCallback(PreemptionCallback):
-    """Ray Train's preemption watcher, started once the worker group has trained
-    ``LONG_RUN_HELPERS_AFTER_S`` rather than as it starts. A drain notice that came before
-    is still seen: the watcher's first poll reads the node's drain state from the GCS."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self._waiting: tuple[Any, float] | None = None
-
-    def after_worker_group_start(self, worker_group: Any) -> None:
-        self._stop_watcher()
-        self._waiting = (worker_group, time.monotonic())
-
-    def after_worker_group_poll_status(self, worker_group_status: Any) -> None:
-        if self._waiting is None:
-            return
-        worker_group, started = self._waiting
-        if time.monotonic() - started >= LONG_RUN_HELPERS_AFTER_S:
-            self._waiting = None
-            super().after_worker_group_start(worker_group)
-
-    def before_worker_group_shutdown(self, worker_group: Any) -> None:
-        self._waiting = None
-        super().before_worker_group_shutdown(worker_group)
-
-    def after_worker_group_abort(self, worker_group_context: Any) -> None:
-        self._waiting = None
-        super().after_worker_group_abort(worker_group_context)
-
-
-class NoAutoscalerScalingPolicy(FixedScalingPolicy):
-    """Ray Train's fixed-size policy without resource requests, for a private Ray: one fixed
-    node with no autoscaler to read them, where Ray Train would start a coordinator actor
-    (a process) only to pass them on."""
-
-    def after_controller_start(self, train_run_context: Any) -> None:
-        pass
-
-    def _maybe_send_resource_request(self) -> None:
-        pass
-
-
-class _RequestWithoutWaiting(TrainAutoscalingCoordinatorClient):
-    def send_resource_request(self, scaling_config: Any, num_workers: int) -> None:
-        resources, label_selectors = build_train_resource_request(scaling_config, num_workers)
-        # Ray's ActorProxy stub types the method as a plain callable.
-        self._autoscaling_coordinator.request_resources.remote(  # type: ignore[attr-defined]
-            requester_id=self._requester_id,
-            resources=resources,
-            label_selectors=label_selectors,
-            expire_after_s=AUTOSCALING_REQUESTS_EXPIRE_TIME_S,
-            priority=ResourceRequestPriority.HIGH,
-        )
-        self._latest_autoscaling_request_time = time.monotonic()
-
-
-class UnblockedRequestsScalingPolicy(FixedScalingPolicy):
-    """Ray Train's fixed-size policy whose resource requests to the cluster's autoscaler do
-    not hold up the start. Ray Train creates the coordinator actor (detached, one per
-    cluster) as its controller starts and waits up to 5 s for each request's reply: on a fresh
-    ``ray start`` head its process starts beside the workers' (Ray starts as many at once as
-    the node has CPUs) and held their start by 1.3-1.9 s here. The workers' placement group is
-    a demand the autoscaler sees either way; the request only adds Ray Data's coordination
-    (keep these resources for training), which needs no reply and starts once the workers
-    have trained ``LONG_RUN_HELPERS_AFTER_S``."""
-
-    def after_controller_start(self, train_run_context: Any) -> None:
-        self._requester_id = f"train-{train_run_context.run_id}"
-
-    def _maybe_send_resource_request(self) -> None:
-        if self._coordinator_client is not None:
-            super()._maybe_send_resource_request()
-
-    def make_decision_for_running_worker_group(
-        self, worker_group_state: Any, worker_group_status: Any
-    ) -> Any:
-        if (
-            self._coordinator_client is None
-            and worker_group_state is not None
-            and time.monotonic() - worker_group_state.start_time < LONG_RUN_HELPERS_AFTER_S
-        ):
-            return super().make_decision_for_running_worker_group(
-                worker_group_state, worker_group_status
-            )
-        if self._coordinator_client is None:
-            assert self._requester_id is not None
-            self._coordinator_client = _RequestWithoutWaiting(self._requester_id)
-            self._send_resource_request()
-        return super().make_decision_for_running_worker_group(
-            worker_group_state, worker_group_status
-        )
