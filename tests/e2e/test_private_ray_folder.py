@@ -34,6 +34,8 @@ shortest = longest_socket_path(f"{base}/ray/{private_folder_name()}", os.getpid(
 spare = socket_path_limit() - len(shortest.encode())
 os.environ["RAY_TMPDIR"] = f"{base}/" + "t" * (spare - 1)  # the "/" counts too
 start_private_ray(ray, RayLauncherConfig(start_timeout_s=120))
+print(",".join(sorted(ray._private.worker._global_node.all_processes)))
+print(ray._private.node.Node.start_monitor.__qualname__)
 print(os.environ["RAY_TMPDIR"])
 print(ray._private.worker.global_worker.node.plasma_store_socket_name)
 ray.shutdown()
@@ -70,7 +72,12 @@ def test_a_private_ray_starts_when_its_socket_paths_just_fit(short_tmp_path: Pat
     finally:
         end_processes_naming(short_tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    ray_tmpdir, socket = result.stdout.strip().splitlines()[-2:]
+    processes, start_monitor, ray_tmpdir, socket = result.stdout.strip().splitlines()[-4:]
+    # A one-node Ray that lives as long as its run: no autoscaler monitor, no API server
+    # (dashboard); Ray's head Node is as it was once the Ray has started.
+    assert {"gcs_server", "raylet", "log_monitor"} <= set(processes.split(","))
+    assert not {"monitor", "dashboard"} & set(processes.split(",")), processes
+    assert start_monitor == "Node.start_monitor"
     # Longer than the issue's `$(mktemp -d)/rt` (22 characters), and Ray's socket where the
     # check said it would be: exactly at the limit.
     assert len(ray_tmpdir) > 22

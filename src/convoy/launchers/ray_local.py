@@ -182,7 +182,7 @@ def start_private_ray(
     while True:
         try:
             with environment(private_env):
-                start_once(ray, root, resources, state_api)
+                start_once(ray, root, resources, state_api, metrics)
             break
         except Exception as exc:
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
@@ -228,7 +228,13 @@ def private_ray_environment(settings: RayLauncherConfig, metrics: bool) -> dict[
     return {PRIVATE_RAY_VARIABLE: "1", **metrics_env}
 
 
-def start_once(ray: Any, root: Path, resources: dict[str, float] | None, state_api: bool) -> None:
+def start_once(
+    ray: Any,
+    root: Path,
+    resources: dict[str, float] | None,
+    state_api: bool,
+    metrics: bool = False,
+) -> None:
     """One attempt to start a private Ray in a new folder under ``root``. A failed attempt
     stops what it started and removes its folder (Ray's logs of it included: the error is
     said, and the next attempt makes its own), then raises Ray's error."""
@@ -237,6 +243,7 @@ def start_once(ray: Any, root: Path, resources: dict[str, float] | None, state_a
         with (
             state_api_pinned(state_api) as dashboard_port,
             silenced("ray._private.services"),  # its 20-line dump of a failed dashboard
+            one_node_head(ray, lean=not state_api and not metrics),
         ):
             ray.init(
                 num_cpus=os.cpu_count(),
@@ -253,6 +260,27 @@ def start_once(ray: Any, root: Path, resources: dict[str, float] | None, state_a
             ray.shutdown()
         shutil.rmtree(temp_dir, ignore_errors=True)
         raise
+
+
+@contextlib.contextmanager
+def one_node_head(ray: Any, lean: bool) -> Iterator[None]:
+    """While ``ray.init`` starts a private Ray with ``lean``: without the autoscaler's monitor
+    and without the API server's minimal dashboard (job submission, usage reports), which a
+    one-node Ray that lives as long as its run never uses: 2-2.5 CPU-s of a launch here
+    (benchmarks/ray_share_cpu_2026-11-28.md). ``ray.init`` has no switch for either, so this
+    leaves out the two calls of Ray's head ``Node`` that start them; a Ray with a state API
+    (``convoy tune``) or Prometheus metrics keeps both."""
+    if not lean:
+        yield
+        return
+    node_class = ray._private.node.Node
+    saved = node_class.start_monitor, node_class.start_api_server
+    node_class.start_monitor = lambda self: None
+    node_class.start_api_server = lambda self, **kwargs: None
+    try:
+        yield
+    finally:
+        node_class.start_monitor, node_class.start_api_server = saved
 
 
 # Ray's start-up errors that come back the same on every attempt: arguments of a wrong type,
