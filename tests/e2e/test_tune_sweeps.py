@@ -103,7 +103,9 @@ def test_interrupted_sweep_resumes_without_repeating(
 ) -> None:
     """A ``convoy tune`` process interrupted by SIGTERM, then resumed with ``--resume`` (the
     resume in this process, on the same Ray: what is checked is the sweep's record)."""
-    space = write_space(tmp_path, "optim.lr: {grid: [3.0e-3, 2.0e-3, 1.0e-3]}\n")
+    # Two trials: the first finishes before the interruption, the second is interrupted or
+    # never started, and the resume runs it alone.
+    space = write_space(tmp_path, "optim.lr: {grid: [3.0e-3, 1.0e-3]}\n")
     sweep = tmp_path / "r"
     first = tune_process(tmp_path, space)
     assert first.stdout is not None
@@ -126,11 +128,11 @@ def test_interrupted_sweep_resumes_without_repeating(
     assert "stopped early" not in output, output
     done = {line.split()[2] for line in seen if "trained every epoch" in line}
     finished = {t: (sweep / t / "metrics.jsonl").read_text() for t in done}
-    assert 1 <= len(finished) < 3
+    assert len(finished) == 1
     code = main(tune_args(tmp_path, space, "--resume"))
     assert code == 0, capsys.readouterr().out[-3000:]
     record = results(sweep)
-    assert len(record["trials"]) == 3
+    assert len(record["trials"]) == 2
     assert {t["status"] for t in record["trials"]} == {"finished"}
     for trial_id, text in finished.items():  # not run again: nothing appended
         assert (sweep / trial_id / "metrics.jsonl").read_text() == text
