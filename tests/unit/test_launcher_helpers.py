@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -33,6 +34,7 @@ from convoy.launchers.torchrun import (
     nnodes_argument,
     node_address,
     procs_per_node,
+    stopping_the_agent,
     torchrun_command,
 )
 from convoy.network import interface_with_address, socket_interface_env
@@ -927,3 +929,36 @@ def test_preprocessing_resources_must_be_offered_by_a_node_with_cpus() -> None:
         check_data_resources(job, [{"CPU": 1.0, "trainer": 2.0}, {"preprocess": 4.0}])
     with pytest.raises(ConfigError, match=r"data.ray_data.resources: got \{'GPU': 1\}"):
         load_job(None, [*RAY_DATA, "data.ray_data.resources={GPU: 1}"])
+
+
+class AgentSignal(Exception):
+    """Stands in for torchrun's ``SignalException`` (its signature: a message and ``sigval``)."""
+
+    def __init__(self, message: str, sigval: signal.Signals) -> None:
+        super().__init__(message)
+        self.sigval = sigval
+
+
+@pytest.mark.parametrize(
+    ("sent", "passed_on"),
+    [
+        (signal.SIGINT, signal.SIGINT),
+        (signal.SIGTERM, signal.SIGTERM),
+        (signal.SIGUSR1, signal.SIGTERM),  # a worker would die of SIGUSR1
+    ],
+)
+def test_the_agent_is_stopped_by_the_first_stop_signal_only(
+    sent: signal.Signals, passed_on: signal.Signals
+) -> None:
+    """The first stop signal is raised into torchrun's agent (which passes it to its workers
+    and waits while they save); a repeated one, during that wait, is not; afterwards the
+    handlers are the ones that were there."""
+    before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    with stopping_the_agent(AgentSignal):
+        with pytest.raises(AgentSignal) as first:
+            os.kill(os.getpid(), sent)
+            time.sleep(1)  # the handler runs at once; this only bounds a failure
+        assert first.value.sigval == passed_on and sent.name in str(first.value)
+        for again in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
+            os.kill(os.getpid(), again)  # the agent is waiting on its workers: not raised
+    assert {s: signal.getsignal(s) for s in before} == before
