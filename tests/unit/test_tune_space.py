@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from convoy.tune.results import TrialRow, footer, trial_status
+from convoy.tune.results import TrialRow, footer, trial_status, unfinished
 from convoy.tune.space import (
     SpaceError,
     check_search,
@@ -173,6 +173,23 @@ def test_footer_counts_interruptions_and_no_scheduler_clause(tmp_path: Path) -> 
     ]
     line = footer(sweep, rows, 12.0, 2)
     assert line == "2 trial(s) in 12 s, 2 at once; 1 interrupted; 2 of 4 not started"
+
+
+@pytest.mark.parametrize(
+    ("statuses", "left"),
+    [
+        (["finished", "stopped", "error"], False),  # ended, each its way
+        (["finished", "interrupted", "finished"], True),  # the last one running was stopped
+        (["finished", "not started", "finished"], True),
+        (["finished", "finished"], True),  # Tune never created the third
+    ],
+)
+def test_a_sweep_is_unfinished_while_a_trial_is_left_to_run(
+    tmp_path: Path, statuses: list[str], left: bool
+) -> None:
+    sweep = lightning_sweep(tmp_path, metric="val_loss", mode="min", samples=3, scheduler="none")
+    rows = [TrialRow(str(i), {}, None, 0, s, {}, tmp_path) for i, s in enumerate(statuses)]
+    assert unfinished(sweep, rows) is left
 
 
 def test_sigterm_stops_the_sweep_as_ctrl_c() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shlex
 import sys
 from typing import Any
@@ -113,6 +114,7 @@ def run(args: argparse.Namespace) -> int:
         collect_rows,
         footer,
         format_table,
+        unfinished,
         write_best,
         write_results,
         write_sweep_report,
@@ -137,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
     )
     outcome = run_sweep(sweep, resume=args.resume, retry_errored=args.retry_errored)
     rows = collect_rows(sweep, outcome.trials)
+    # An interruption during the last trial leaves every trial TERMINATED to Tune: the
+    # rows (each run's summary) say which did not finish.
+    if unfinished(sweep, rows):
+        outcome = dataclasses.replace(outcome, interrupted=True)
     print()
     print(format_table(sweep, rows))
     shown = footer(sweep, rows, outcome.wall_seconds, outcome.concurrent)

@@ -110,6 +110,15 @@ def trial_status(tune_status: str, summary: bool, asha_stopped: bool, analysis: 
     return "interrupted"
 
 
+def unfinished(sweep: Sweep, rows: list[TrialRow]) -> bool:
+    """Whether trials are left to run: one interrupted or not started, or one Tune never
+    created (it creates them lazily). Tune marks a trial that an interruption ended
+    TERMINATED, as one that finished; its run's summary tells them apart (``trial_status``)."""
+    return len(rows) < sweep.trials or any(
+        row.status in ("interrupted", "not started") for row in rows
+    )
+
+
 def footer(sweep: Sweep, rows: list[TrialRow], wall_seconds: float, concurrent: int) -> str:
     """The line under the table: trials run, how they ended, and what did not start."""
     counts = {s: sum(row.status == s for row in rows) for s in ("interrupted", "not started")}
