@@ -243,7 +243,7 @@ def start_once(
         with (
             state_api_pinned(state_api) as dashboard_port,
             silenced("ray._private.services"),  # its 20-line dump of a failed dashboard
-            one_node_head(ray, lean=not state_api and not metrics),
+            one_node_head(lean=not state_api and not metrics),
         ):
             ray.init(
                 num_cpus=os.cpu_count(),
@@ -263,7 +263,7 @@ def start_once(
 
 
 @contextlib.contextmanager
-def one_node_head(ray: Any, lean: bool) -> Iterator[None]:
+def one_node_head(lean: bool) -> Iterator[None]:
     """While ``ray.init`` starts a private Ray with ``lean``: without the autoscaler's monitor
     and without the API server's minimal dashboard (job submission, usage reports), which a
     one-node Ray that lives as long as its run never uses: 2-2.5 CPU-s of a launch here
@@ -273,14 +273,24 @@ def one_node_head(ray: Any, lean: bool) -> Iterator[None]:
     if not lean:
         yield
         return
-    node_class = ray._private.node.Node
-    saved = node_class.start_monitor, node_class.start_api_server
-    node_class.start_monitor = lambda self: None
-    node_class.start_api_server = lambda self, **kwargs: None
+    from ray._private.node import Node
+
+    saved = {name: getattr(Node, name) for name in LEFT_OUT_OF_ONE_NODE_HEAD}
+    for name in saved:
+        setattr(Node, name, _start_nothing)
     try:
         yield
     finally:
-        node_class.start_monitor, node_class.start_api_server = saved
+        for name, method in saved.items():
+            setattr(Node, name, method)
+
+
+# What one_node_head leaves out: the methods of Ray's head Node that start them.
+LEFT_OUT_OF_ONE_NODE_HEAD = ("start_monitor", "start_api_server")
+
+
+def _start_nothing(self: Any, *args: Any, **kwargs: Any) -> None:
+    return None
 
 
 # Ray's start-up errors that come back the same on every attempt: arguments of a wrong type,
