@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -196,9 +196,12 @@ def worker_seen(pid: int) -> WorkerSeen:
     return WorkerSeen(int(fields[16]), ray_metrics_setting(pid), int(fields[3]) == pid)
 
 
-def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
+def watch_workers(
+    processes: dict[str, subprocess.Popen[str]], then: Callable[[Seen], None] | None = None
+) -> Seen:
     """Until every process ends: the train workers that descend from each process, as each
-    was last seen (``WorkerSeen``). No worker may descend from two of them."""
+    was last seen (``WorkerSeen``). No worker may descend from two of them. ``then`` is
+    called with what has been seen after each look."""
     seen: Seen = {name: {} for name in processes}
     strangers: list[tuple[int, list[int]]] = []
     while any(p.poll() is None for p in processes.values()):
@@ -209,6 +212,8 @@ def watch_workers(processes: dict[str, subprocess.Popen[str]]) -> Seen:
             for owner in owners:
                 with contextlib.suppress(OSError):  # it ended meanwhile
                     seen[owner][worker] = worker_seen(worker)
+        if then is not None:
+            then(seen)
         time.sleep(0.2)
     assert not strangers, strangers
     return seen
@@ -261,20 +266,25 @@ def test_a_run_started_during_a_sweep_keeps_to_its_own_ray(
 
 
 @pytest.fixture
-def busy_cores() -> Iterator[None]:
+def busy_cores() -> Iterator[Callable[[], None]]:
     """Processes spinning at the user's priority, one for each core but the one the run's own
-    start-up keeps busy: every core of this machine busy. (A spinner on every core made this
-    the suite's dearest test, 585 CPU-s, for the same checks.)"""
+    start-up keeps busy: every core of this machine busy until the test calls what this
+    yields (or ends). (A spinner on every core made this the suite's dearest test, 585
+    CPU-s, for the same checks.)"""
     count = max(1, len(os.sched_getaffinity(0)) - 1)
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
-    yield
-    for spinner in spinners:
-        spinner.kill()
-        spinner.wait()
+
+    def stop() -> None:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+    yield stop
+    stop()
 
 
 def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_tracebacks(
-    ray_tmp: Path, tmp_path: Path, busy_cores: None
+    ray_tmp: Path, tmp_path: Path, busy_cores: Callable[[], None]
 ) -> None:
     recipe = yaml.safe_load((REPO / "recipes" / "default.yaml").read_text())
     # Start-up is what load broke (issue 16); a few steps of training under it then suffice.
@@ -288,7 +298,14 @@ def test_make_run_on_a_busy_machine_trains_at_the_users_priority_without_traceba
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
     )
-    workers = watch_workers({"make": make})["make"]
+
+    # The machine is busy through the start-up, which is what load broke; once both train
+    # workers run (their priority and session are set as they start), the spinners stop.
+    def started(seen: Seen) -> None:
+        if len(seen["make"]) == 2:
+            busy_cores()
+
+    workers = watch_workers({"make": make}, then=started)["make"]
     output = finish(make)
     assert "epoch 1/1" in output and "run dir:" in output, output
     # Ray's default would be nice 15: a quarter of a fair share against the spinners.
