@@ -69,24 +69,24 @@ EXCEPTIONS: dict[str, tuple[float, str]] = {
         "that grows; a lost node: several Ray clusters of test hosts",
     ),
     "tests/e2e/test_ray_data.py": (
-        325.0,
+        270.0,
         "Ray Data pipelines feed Ray Train runs (8 of them): exact sharding, parity with the "
         "torch loader, encoded images, S3 streaming",
     ),
     "tests/e2e/test_shared_machine.py": (
-        280.0,
+        210.0,
         "many runs on one machine: each command starts its own private Ray (6 of them), a "
         "user-started Ray is joined, a sweep runs beside a run",
     ),
     "tests/e2e/test_fault_tolerance.py": (
-        240.0,
+        165.0,
         "two worker kills survived bit for bit needs a reference run and three attempts; the "
-        "failure budget test needs its own runs (audited, benchmarks/test_suite_cpu_2026-11-28.md)",
+        "failure budget test needs its own run (audited, benchmarks/test_suite_cpu_2026-11-28.md)",
     ),
     "tests/e2e/test_tune_sweeps.py": (
-        185.0,
+        125.0,
         "convoy tune on a real Ray: an ASHA sweep of two-worker trials and an interrupted "
-        "sweep of three trials, resumed (audited: what the checks need)",
+        "sweep of two trials, resumed (audited: what the checks need)",
     ),
     "tests/e2e/test_stop_request.py": (
         185.0,
