@@ -37,6 +37,10 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'convoy' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
+
 def train(job: Job) -> RunResult:
     """Run ``job`` with the launcher it names and return a ``RunResult``."""
     from convoy.launchers import get_launcher
