@@ -275,7 +275,8 @@ def one_node_head(lean: bool) -> Iterator[None]:
         return
     from ray._private.node import Node
 
-    saved = {name: getattr(Node, name) for name in LEFT_OUT_OF_ONE_NODE_HEAD}
+    # A Ray whose Node names them otherwise starts them, as ray.init would.
+    saved = {name: getattr(Node, name) for name in LEFT_OUT_OF_ONE_NODE_HEAD if hasattr(Node, name)}
     for name in saved:
         setattr(Node, name, _start_nothing)
     try:
