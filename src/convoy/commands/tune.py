@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import shlex
 import sys
 from typing import Any
@@ -114,7 +113,7 @@ def run(args: argparse.Namespace) -> int:
         collect_rows,
         footer,
         format_table,
-        unfinished,
+        interrupted,
         write_best,
         write_results,
         write_sweep_report,
@@ -139,10 +138,7 @@ def run(args: argparse.Namespace) -> int:
     )
     outcome = run_sweep(sweep, resume=args.resume, retry_errored=args.retry_errored)
     rows = collect_rows(sweep, outcome.trials)
-    # An interruption during the last trial leaves every trial TERMINATED to Tune: the
-    # rows (each run's summary) say which did not finish.
-    if unfinished(sweep, rows):
-        outcome = dataclasses.replace(outcome, interrupted=True)
+    to_resume = interrupted(sweep, outcome, rows)
     print()
     print(format_table(sweep, rows))
     shown = footer(sweep, rows, outcome.wall_seconds, outcome.concurrent)
@@ -152,12 +148,12 @@ def run(args: argparse.Namespace) -> int:
         print(
             f"best: {best.trial_id} ({sweep.metric} {best.metric:.4g}) -> {write_best(sweep, best)}"
         )
-    print(f"results: {write_results(sweep, outcome, rows)}")
+    print(f"results: {write_results(sweep, outcome, rows, to_resume)}")
     print(write_sweep_report(sweep, rows))
     if resolve_tracking(sweep.base, say=False).tracking.tensorboard:
         where = f"tensorboard --logdir {sweep.sweep_dir} (each trial's run dir has its own)"
         print(f"tensorboard: {where}")
-    if outcome.interrupted:
+    if to_resume:
         again = ["convoy", "tune", *sys.argv[2:]] if sys.argv[1:2] == ["tune"] else None
         hint = shlex.join(again) if again else f"convoy tune ... --name {sweep.name}"
         if "--resume" not in hint:

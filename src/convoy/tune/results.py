@@ -112,11 +112,18 @@ def trial_status(tune_status: str, summary: bool, asha_stopped: bool, analysis: 
 
 def unfinished(sweep: Sweep, rows: list[TrialRow]) -> bool:
     """Whether trials are left to run: one interrupted or not started, or one Tune never
-    created (it creates them lazily). Tune marks a trial that an interruption ended
-    TERMINATED, as one that finished; its run's summary tells them apart (``trial_status``)."""
+    created (it creates them lazily, so an interrupted sweep may have fewer trials than
+    planned). Tune marks a trial that an interruption ended TERMINATED, as one that
+    finished; its run's summary tells them apart (``trial_status``)."""
     return len(rows) < sweep.trials or any(
         row.status in ("interrupted", "not started") for row in rows
     )
+
+
+def interrupted(sweep: Sweep, outcome: SweepOutcome, rows: list[TrialRow]) -> bool:
+    """Whether the sweep is to be resumed: Tune left a trial pending or running, or the rows
+    say a trial did not finish (``unfinished``)."""
+    return outcome.unended or unfinished(sweep, rows)
 
 
 def footer(sweep: Sweep, rows: list[TrialRow], wall_seconds: float, concurrent: int) -> str:
@@ -203,7 +210,9 @@ def write_best(sweep: Sweep, row: TrialRow) -> Path:
     return path
 
 
-def write_results(sweep: Sweep, outcome: SweepOutcome, rows: list[TrialRow]) -> Path:
+def write_results(
+    sweep: Sweep, outcome: SweepOutcome, rows: list[TrialRow], interrupted: bool
+) -> Path:
     """The table as JSON (``results.json``), with the sweep's figures."""
     path = sweep.sweep_dir / RESULTS_FILE
     record = {
@@ -213,7 +222,7 @@ def write_results(sweep: Sweep, outcome: SweepOutcome, rows: list[TrialRow]) -> 
         "wall_seconds": outcome.wall_seconds,
         "concurrent": outcome.concurrent,
         "placement_groups_left": outcome.placement_groups_left,
-        "interrupted": outcome.interrupted,
+        "interrupted": interrupted,
         "trials": [
             {
                 "trial_id": row.trial_id,

@@ -413,7 +413,11 @@ class SweepOutcome:
     concurrent: int
     wall_seconds: float
     placement_groups_left: int
-    interrupted: bool
+
+    @property
+    def unended(self) -> bool:
+        """Whether Tune left a trial pending or running (an interruption ended the sweep)."""
+        return any(t.status not in ("TERMINATED", "ERROR") for t in self.trials)
 
 
 def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -> SweepOutcome:
@@ -453,11 +457,7 @@ def run_sweep(sweep: Sweep, resume: bool = False, retry_errored: bool = False) -
     finally:
         if started:
             ray.shutdown()
-    # Tune creates trials lazily (one grid point or draw at a time, within the concurrency
-    # limit), so an interrupted sweep may have fewer trials than planned, all of them ended.
-    unended = any(t.status not in ("TERMINATED", "ERROR") for t in trials)
-    interrupted = unended or len(trials) < sweep.trials
-    return SweepOutcome(trials, concurrent, wall, left, interrupted)
+    return SweepOutcome(trials, concurrent, wall, left)
 
 
 @contextmanager
