@@ -233,7 +233,7 @@ def start_once(
     root: Path,
     resources: dict[str, float] | None,
     state_api: bool,
-    metrics: bool = False,
+    metrics: bool,
 ) -> None:
     """One attempt to start a private Ray in a new folder under ``root``. A failed attempt
     stops what it started and removes its folder (Ray's logs of it included: the error is
@@ -262,6 +262,10 @@ def start_once(
         raise
 
 
+# What one_node_head leaves out: the methods of Ray's head Node that start them.
+LEFT_OUT_OF_ONE_NODE_HEAD = ("start_monitor", "start_api_server")
+
+
 @contextlib.contextmanager
 def one_node_head(lean: bool) -> Iterator[None]:
     """While ``ray.init`` starts a private Ray with ``lean``: without the autoscaler's monitor
@@ -284,10 +288,6 @@ def one_node_head(lean: bool) -> Iterator[None]:
     finally:
         for name, method in saved.items():
             setattr(Node, name, method)
-
-
-# What one_node_head leaves out: the methods of Ray's head Node that start them.
-LEFT_OUT_OF_ONE_NODE_HEAD = ("start_monitor", "start_api_server")
 
 
 def _start_nothing(self: Any, *args: Any, **kwargs: Any) -> None:
