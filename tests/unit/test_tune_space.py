@@ -6,11 +6,12 @@ import os
 import signal
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
-from convoy.tune.results import TrialRow, footer, trial_status, unfinished
+from convoy.tune.results import TrialRow, footer, interrupted, trial_status, unfinished
 from convoy.tune.space import (
     SpaceError,
     check_search,
@@ -19,7 +20,14 @@ from convoy.tune.space import (
     parse_space,
     trial_count,
 )
-from convoy.tune.sweep import Sweep, SweepError, plan_sweep, record_changes, sigterm_as_sigint
+from convoy.tune.sweep import (
+    Sweep,
+    SweepError,
+    SweepOutcome,
+    plan_sweep,
+    record_changes,
+    sigterm_as_sigint,
+)
 
 RECIPE = {"model": {"name": "mlp"}, "strategy": {"name": "ddp"}, "scaling": {"num_workers": 2}}
 
@@ -205,3 +213,14 @@ def test_sigterm_stops_the_sweep_as_ctrl_c() -> None:
         assert signal.getsignal(signal.SIGTERM) is previous_term
     finally:
         signal.signal(signal.SIGINT, previous_int)
+
+
+@pytest.mark.parametrize(("tune_status", "resume"), [("TERMINATED", False), ("RUNNING", True)])
+def test_a_sweep_tune_left_running_is_to_be_resumed_even_where_its_rows_finished(
+    tmp_path: Path, tune_status: str, resume: bool
+) -> None:
+    """A trial whose run wrote its summary before Tune saw it end is resumed, by design."""
+    sweep = lightning_sweep(tmp_path, metric="val_loss", mode="min", samples=1, scheduler="none")
+    rows = [TrialRow("a", {}, 0.5, 2, "finished", {}, tmp_path)]
+    outcome = SweepOutcome([SimpleNamespace(status=tune_status)], 1, 1.0, 0)
+    assert interrupted(sweep, outcome, rows) is resume
