@@ -114,11 +114,44 @@ class SharedRay:
         self.workers.append(worker)
         return worker
 
+    def let_train_see_the_nodes(self) -> None:
+        """Have Ray Train's elastic policy count the nodes that joined since the last run.
+
+        The policy counts the nodes it may start on from Ray's ``AutoscalingCoordinator``, a
+        detached actor on the head that the module's earlier runs created and that re-reads
+        the cluster's nodes every 20 s: a node added since its last read is not counted when
+        the next run starts (a cluster of its own would create the actor after the node
+        joined). This asks it to re-read now, once the nodes are alive in Ray's view.
+        """
+        ips = [worker.host.ip for worker in self.workers]
+        done = self.head.run(
+            [sys.executable, "-c", LET_TRAIN_SEE_THE_NODES, *ips],
+            env=self.nodes.driver_env(),
+            timeout=120,
+        )
+        assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+
     def remove_workers(self) -> None:
         for worker in self.workers:
             self.nodes.kill_node(worker)
         self.workers = []
 
+
+LET_TRAIN_SEE_THE_NODES = """
+import sys, time, ray
+ray.init(logging_level="ERROR", log_to_driver=False)
+deadline = time.monotonic() + 60
+def alive():
+    return {n["NodeManagerAddress"] for n in ray.nodes() if n["Alive"]}
+while not set(sys.argv[1:]) <= alive():
+    assert time.monotonic() < deadline, f"nodes {sys.argv[1:]} not alive in {alive()}"
+    time.sleep(0.2)
+try:
+    coordinator = ray.get_actor("AutoscalingCoordinator", namespace="AutoscalingCoordinator")
+except ValueError:
+    sys.exit(0)  # none yet: the next run creates it, reading the nodes then
+ray.get(coordinator.get_reserved_resources.remote("convoy-tests", recompute=True))
+"""
 
 # One host per worker node the module's Ray tests add, and the head's.
 RAY_WORKER_NODES = 4
@@ -285,6 +318,7 @@ def test_a_lost_node_fails_the_run_clearly_and_its_checkpoint_resumes(
 def test_an_elastic_run_continues_on_the_nodes_left(ray_cluster: SharedRay, tmp_path: Path) -> None:
     ray_nodes, head = ray_cluster.nodes, ray_cluster.head
     worker = ray_cluster.add_worker()
+    ray_cluster.let_train_see_the_nodes()  # or the run may start on the head alone
     run_dir = tmp_path / "elastic"
     args = train_args(
         tmp_path,
@@ -296,6 +330,7 @@ def test_an_elastic_run_continues_on_the_nodes_left(ray_cluster: SharedRay, tmp_
     )
     driver = Driver(head, args, tmp_path / "driver.log", env=elastic_driver_env(ray_nodes))
     driver.wait_for(lambda: bool(committed(run_dir)), timeout=240)
+    assert "worker group of size 2" in driver.output, driver.output[-3000:]
     ray_nodes.kill_node(worker)
     assert driver.wait(timeout=400) == 0, driver.output[-5000:]
     output = driver.output
