@@ -74,6 +74,7 @@ def test_the_cli_only_builds_the_parser_and_dispatches() -> None:
 # What a command's own work needs, never the parser: loading any of these costs every
 # `convoy` command (`--help`, `config show`, `k8s render`) seconds of start-up.
 HEAVY_FOR_A_PARSER = (
+    "torch",  # 1.2-1.5 CPU-s: `convoy --help`, `convoy k8s status|logs|gc` need none of it
     "torchmetrics",  # with scipy and matplotlib, through the tasks
     "torch.distributed.checkpoint",  # with DTensor and sympy
     "torch.distributed.fsdp",
@@ -86,10 +87,13 @@ HEAVY_FOR_A_PARSER = (
 
 
 def test_building_the_parser_loads_no_command_s_heavy_modules() -> None:
+    """Nor does the module of ``convoy k8s drain-node``, a Ray worker pod's preStop hook that
+    runs while the pod's training saves."""
     code = (
         "import sys\n"
         "from convoy.cli import build_parser\n"
         "build_parser()\n"
+        "import convoy.launchers.ray_preemption\n"
         f"print(','.join(m for m in {HEAVY_FOR_A_PARSER!r} if m in sys.modules))\n"
     )
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

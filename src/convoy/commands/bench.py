@@ -8,7 +8,6 @@ import sys
 import textwrap
 from typing import Any
 
-from convoy.bench import allreduce
 from convoy.bench.common import bench_name, bench_storage, load_job_without_data
 from convoy.bench.plots import check_plot_path, pyplot
 from convoy.commands.common import add_recipe_args
@@ -202,6 +201,10 @@ def _plotted(args: argparse.Namespace, path: str) -> None:
 
 
 def cmd_allreduce(args: argparse.Namespace) -> int:
+    # Heavy (torch and its process groups): imported only when the command runs, so that
+    # building the CLI (every `convoy` command) imports no torch.
+    from convoy.bench import allreduce
+
     sweep = allreduce.make_sweep(
         args.min_bytes, args.max_bytes, args.factor, args.iters, args.warmup, args.dtype
     )

@@ -7,9 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from convoy.data.convert import convert_dataset, inspect_dataset, report_lines
-from convoy.data.imagenet import prepare_imagenet as prepare
-from convoy.data.telematics import FleetSpec, write_fleet
+# Each action imports its data module when it runs: they import torch, numpy or Pillow, and
+# building the CLI (every `convoy` command) should import none of them.
 
 
 def add_parser(commands: Any) -> None:
@@ -91,12 +90,16 @@ def _add_inspect_parser(actions: Any) -> None:
 
 def prepare_imagenet(args: argparse.Namespace) -> int:
     """Link ILSVRC's images into an ImageFolder tree and print the report."""
+    from convoy.data.imagenet import prepare_imagenet as prepare
+
     print("\n".join(prepare(Path(args.src), Path(args.dst)).lines()))
     return 0
 
 
 def convert(args: argparse.Namespace) -> int:
     """Write the dataset as parquet shards and print the report."""
+    from convoy.data.convert import convert_dataset, report_lines
+
     report = convert_dataset(Path(args.src), Path(args.dst), args.shard_mb)
     print("\n".join(report_lines(report)))
     print(f"wrote {args.dst}")
@@ -105,6 +108,8 @@ def convert(args: argparse.Namespace) -> int:
 
 def synth_telematics(args: argparse.Namespace) -> int:
     """Write a synthetic fleet and say how many rows each split got."""
+    from convoy.data.telematics import FleetSpec, write_fleet
+
     spec = FleetSpec(
         args.devices,
         args.hours,
@@ -127,6 +132,8 @@ def synth_telematics(args: argparse.Namespace) -> int:
 
 def inspect(args: argparse.Namespace) -> int:
     """Print a dataset's report, as text or JSON."""
+    from convoy.data.convert import inspect_dataset, report_lines
+
     report = inspect_dataset(Path(args.path))
     print(json.dumps(report, indent=2) if args.json else "\n".join(report_lines(report)))
     return 0

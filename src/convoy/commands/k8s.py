@@ -20,11 +20,7 @@ from convoy.config import load_job
 from convoy.k8s import K8sError, control
 from convoy.k8s.client import BY_KIND, KubeApi
 from convoy.k8s.configmap import recipe_job
-from convoy.k8s.grace import grace_warnings
-from convoy.k8s.render import render as render_job
-from convoy.k8s.render import to_yaml
 from convoy.k8s.validate import check_manifests
-from convoy.launchers.ray_preemption import drain_this_node
 
 EXAMPLES = """\
 examples:
@@ -171,6 +167,8 @@ def _add_cluster_args(parser: argparse.ArgumentParser, namespace: bool = True) -
 
 def render(args: argparse.Namespace) -> int:
     """Print (or write to --out) the checked manifests of a recipe."""
+    from convoy.k8s.render import to_yaml  # torch: see _manifests
+
     manifests = _manifests(args)
     check_manifests(manifests)
     text = to_yaml(manifests)
@@ -201,6 +199,8 @@ def validate(args: argparse.Namespace) -> int:
 
 def drain_node(args: argparse.Namespace) -> int:
     """Drain this pod's Ray node as a preemption (a preStop hook)."""
+    from convoy.launchers.ray_preemption import drain_this_node  # Ray's: see _manifests
+
     drain_this_node(args.deadline_s, args.address, wait=not args.no_wait)
     return 0
 
@@ -286,6 +286,8 @@ def _print_state(state: Any) -> None:
 
 def _grace_warnings(manifests: list[Any]) -> list[str]:
     """Pods whose grace period is shorter than their run's last measured save."""
+    from convoy.k8s.grace import grace_warnings  # torch: see _manifests
+
     recipes = [
         text
         for m in manifests
@@ -329,4 +331,9 @@ def _manifests(args: argparse.Namespace) -> list[dict[str, Any]]:
                     "recipe (render the recipe again with it, or edit the manifest)"
                 )
             return documents
+    # Rendering imports torch (the grace period counts the model's parameters): imported
+    # here, not above, so that `convoy k8s status|logs|delete|gc` and every other command's
+    # start import no torch.
+    from convoy.k8s.render import render as render_job
+
     return render_job(load_job(args.recipe, args.override), args.kind)

@@ -6,9 +6,7 @@ import argparse
 from typing import Any
 
 from convoy.config import STRATEGY_NAMES
-from convoy.data.registry import DATASETS
 from convoy.launchers import LAUNCHER_NAMES
-from convoy.models.registry import MODELS
 
 
 def add_parser(commands: Any) -> None:
@@ -23,7 +21,10 @@ def add_parser(commands: Any) -> None:
 
 def run(_: argparse.Namespace) -> int:
     """Print one line per registry."""
-    # Heavy (the built-in tasks load torchmetrics): imported only when the command runs.
+    # Heavy (torch; the built-in tasks load torchmetrics): imported only when the command
+    # runs, so that building the CLI (every `convoy` command) imports no torch.
+    from convoy.data.registry import DATASETS
+    from convoy.models.registry import MODELS
     from convoy.tasks import TASKS
 
     print("tasks:      " + ", ".join(TASKS) + "  (or package.module:Class)")

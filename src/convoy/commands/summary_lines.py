@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 from convoy.config import layout_name
-from convoy.engine.flops import format_flops, format_throughput
 from convoy.engine.progress import PERCENT_METRICS
 
 # Metrics that count things: shown as integers, after the other columns.
@@ -85,6 +84,9 @@ def rates_line(summary: dict[str, Any]) -> list[str]:
 def throughput_line(summary: dict[str, Any]) -> str:
     """``compute: 5.76 GFLOP/sample | steady 0.22 TFLOP/s MFU 45.1% | whole run 0.18 TFLOP/s
     MFU 41.0% of 989 TFLOP/s per device (NVIDIA H100)``."""
+    # torch's: imported when a table is printed, not when the CLI is built.
+    from convoy.engine.flops import format_flops, format_throughput
+
     flops = summary.get("flops_per_sample")
     if flops is None or summary.get("tflops_per_second") is None:
         return ""

@@ -10,7 +10,6 @@ import convoy
 from convoy.commands.common import EXAMPLES, add_recipe_args
 from convoy.commands.summary_lines import format_summary
 from convoy.config import Job, load_job
-from convoy.engine.schedule import peak_lr
 
 
 def add_parser(commands: Any) -> None:
@@ -39,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
 def optimizer_line(job: Job) -> str:
     """What ``convoy train`` says first: the optimizer and schedule the run will use, and
     which of their fields the recipe left to their defaults."""
+    # torch's: imported when the line is made, not when the CLI is built.
+    from convoy.engine.schedule import peak_lr
+
     if job.lightning.enabled:
         return f"convoy: optimizer and schedule from {job.lightning.module}.configure_optimizers"
     cfg = job.optim

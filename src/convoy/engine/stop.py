@@ -33,16 +33,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
 
-import torch
-import torch.distributed as dist
-
-from convoy.distributed import all_gather_objects, is_distributed
 from convoy.engine.events import EventBus
 from convoy.errors import ConvoyError
 
 if TYPE_CHECKING:
-    # Annotations only: the CLI, k8s and the launchers import this module for its names, and
-    # convoy.checkpoint brings torch's distributed checkpointing (seconds to import).
+    # Annotations only. The CLI, k8s (the preStop hook's `convoy k8s drain-node`) and the
+    # launchers' drivers import this module for its names; torch is imported where the ranks
+    # agree (the workers have it already), and convoy.checkpoint brings torch's distributed
+    # checkpointing (seconds to import).
+    import torch
+
     from convoy.checkpoint import CheckpointManager
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
@@ -229,6 +229,11 @@ class StopWatch:
         if self.notice is None and self.notices is not None:
             self.notice = self.notices.poll()
         notice = self.notice
+        import torch  # see the imports above
+        import torch.distributed as dist
+
+        from convoy.distributed import is_distributed
+
         if not is_distributed():
             return notice
         self._until_poll -= 1
@@ -408,6 +413,8 @@ def _judge_notice(run: StoppingRun, notice: StopNotice) -> tuple[StopNotice, str
     Rank 0 judges for all (every rank saves or none does); one gather, once per run."""
     verdict = _too_late(run, notice)
     own = None if notice.source.startswith("a stop requested") else notice
+    from convoy.distributed import all_gather_objects  # torch: see the imports above
+
     gathered = all_gather_objects((own, verdict))
     sent = next((n for n, _ in gathered if n is not None), notice)
     return dataclasses.replace(sent, deadline=notice.deadline), gathered[0][1]

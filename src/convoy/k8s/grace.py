@@ -21,11 +21,8 @@ import json
 import math
 from typing import Any
 
-import torch
-
 from convoy.config import Job, job_from_dict
 from convoy.storage import RunStorage
-from convoy.strategies import strategy_class
 
 PLANNED_WRITE_BYTES_PER_S = 100 * 2**20
 """A conservative write rate from one pod to shared storage (a network volume or S3)."""
@@ -67,6 +64,8 @@ def planned_save_seconds(job: Job) -> float | None:
 def checkpoint_bytes_per_pod(job: Job) -> int | None:
     """The model and optimizer state one pod writes: 4 bytes per fp32 parameter plus the
     optimizer's state, split over the pods where the strategy shards it."""
+    from convoy.strategies import strategy_class  # torch: see _parameter_count
+
     count = _parameter_count(job.model_dump_json(include={"model", "data"}))
     if count is None:
         return None
@@ -87,8 +86,11 @@ def _parameter_count(model_and_data: str) -> int | None:
     """Parameters of the job's model, built on the meta device from the data's shapes
     (cached: a render builds it once per model and data); None when it cannot be built
     here."""
-    # Heavy (the planner's model building loads the tasks and torchmetrics): imported only
-    # when a recipe is rendered, so `import convoy.cli` stays light.
+    # Heavy (torch; the planner's model building loads the tasks and torchmetrics): imported
+    # only when a recipe is rendered, so `import convoy.cli` (every `convoy` command, the
+    # preStop hook's `convoy k8s drain-node` among them) imports no torch.
+    import torch
+
     from convoy.plan.model import build_raw, load_source
 
     try:
