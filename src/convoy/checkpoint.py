@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import re
 import shutil
 import tempfile
 import time
@@ -43,15 +42,21 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+# The listing is torch-free (convoy.checkpoint_listing); its names are re-exported here,
+# beside saving and loading, where users and the tests look for them.
+from convoy.checkpoint_listing import CHECKPOINT_DIR as CHECKPOINT_DIR
+from convoy.checkpoint_listing import META_FILE as META_FILE
+from convoy.checkpoint_listing import RunLocation as RunLocation
+from convoy.checkpoint_listing import checkpoint_name as checkpoint_name
+from convoy.checkpoint_listing import checkpoint_path as checkpoint_path
+from convoy.checkpoint_listing import checkpoint_root as checkpoint_root
+from convoy.checkpoint_listing import committed_checkpoints as committed_checkpoints
+from convoy.checkpoint_listing import local_copy as local_copy
+from convoy.checkpoint_listing import partial_checkpoints as partial_checkpoints
+from convoy.checkpoint_listing import read_meta as read_meta
 from convoy.distributed import WorkerContext, barrier, is_distributed
 from convoy.errors import ConvoyError
 from convoy.storage import RunStorage, StorageError
-
-CHECKPOINT_DIR = "checkpoints"
-META_FILE = "meta.json"
-_STEP_NAME = re.compile(r"^step_(\d{8})$")
-
-RunLocation = str | Path | RunStorage
 
 
 @dataclass(frozen=True)
@@ -61,61 +66,6 @@ class Position:
     step: int
     epoch: int
     steps_into_epoch: int
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step_{step:08d}"
-
-
-def checkpoint_path(name: str) -> str:
-    """A checkpoint's path relative to the run directory."""
-    return f"{CHECKPOINT_DIR}/{name}"
-
-
-def checkpoint_root(run_dir: Path) -> Path:
-    return run_dir / CHECKPOINT_DIR
-
-
-def _storage(run: RunLocation) -> RunStorage:
-    return run if isinstance(run, RunStorage) else RunStorage.at(run)
-
-
-def _saved_steps(storage: RunStorage) -> list[str]:
-    return [n for n in storage.list_dirs(CHECKPOINT_DIR) if _STEP_NAME.match(n)]
-
-
-def committed_checkpoints(run: RunLocation) -> list[str]:
-    """Names of the committed checkpoints of a run, oldest first."""
-    storage = _storage(run)
-    return [n for n in _saved_steps(storage) if storage.exists(f"{checkpoint_path(n)}/{META_FILE}")]
-
-
-def partial_checkpoints(run: RunLocation) -> list[str]:
-    """Names of checkpoints whose save never committed."""
-    storage = _storage(run)
-    return [
-        n for n in _saved_steps(storage) if not storage.exists(f"{checkpoint_path(n)}/{META_FILE}")
-    ]
-
-
-def read_meta(run: RunLocation, name: str) -> dict[str, Any]:
-    meta: dict[str, Any] = json.loads(
-        _storage(run).read_text(f"{checkpoint_path(name)}/{META_FILE}")
-    )
-    return meta
-
-
-@contextlib.contextmanager
-def local_copy(run: RunLocation, name: str) -> Iterator[Path]:
-    """A checkpoint as a local directory: in place on local disk, downloaded from S3."""
-    storage = _storage(run)
-    path = storage.local_path(checkpoint_path(name))
-    if path is not None:
-        yield path
-        return
-    with tempfile.TemporaryDirectory(prefix=f"convoy-{name}-") as tmp:
-        storage.download(checkpoint_path(name), Path(tmp))
-        yield Path(tmp)
 
 
 def _rng_state() -> dict[str, Any]:

@@ -21,6 +21,7 @@ import json
 import math
 from typing import Any
 
+from convoy.checkpoint_listing import committed_checkpoints, read_meta
 from convoy.config import Job, job_from_dict
 from convoy.storage import RunStorage
 
@@ -125,9 +126,6 @@ def grace_warnings(job: Job, manifests: list[dict[str, Any]]) -> list[str]:
 
 def last_measured_save(job: Job) -> tuple[str, float] | None:
     """The latest committed checkpoint of the job's run and its save time, if readable."""
-    # Heavy (torch's distributed checkpointing, seconds to import): only for `k8s validate`.
-    from convoy.checkpoint import committed_checkpoints, read_meta
-
     try:
         storage = RunStorage.at(job.run_uri)
         found = committed_checkpoints(storage)

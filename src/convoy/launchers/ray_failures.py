@@ -8,6 +8,7 @@ import re
 import time
 from typing import Any
 
+from convoy.checkpoint_listing import committed_checkpoints
 from convoy.config import Job
 from convoy.errors import ConvoyError, LaunchError
 
@@ -88,10 +89,6 @@ def dead_nodes(candidates: list[str], timeout: float = NODE_DEATH_WAIT_S) -> lis
 
 def resume_hint(job: Job) -> str:
     """What to do after a failed run: which checkpoint resumes, and the elastic option."""
-    # Only after a failure: convoy.checkpoint brings torch's distributed checkpointing
-    # (seconds to import) into a driver that otherwise never needs it.
-    from convoy.checkpoint import committed_checkpoints
-
     try:
         saved = committed_checkpoints(job.run_uri)
     except Exception:  # unreadable storage: say what we can
