@@ -7,8 +7,9 @@ trees (before and after a change) compare on the same machine?
 
 Method: each run is ``convoy train <tree>/recipes/digits_mlp.yaml -o run.epochs=1`` (39
 steps), with ``-o scaling.launcher=ray|torchrun -o scaling.num_workers=2`` (a private Ray)
-or the recipe's ``local`` (1 worker), and ``PYTHONPATH=<tree>/src``, which comes before the
-virtualenv's editable install. The trees alternate in every repetition (before, after; then
+or the recipe's ``local`` (1 worker); ``ray-data`` is ``ray`` with ``-o data.loader=ray_data``
+(asked for by name); and ``PYTHONPATH=<tree>/src``, which comes before the virtualenv's
+editable install. The trees alternate in every repetition (before, after; then
 after, before), so the machine's load falls on both alike.
 
 - total CPU-s: the run starts in a cgroup v1 ``cpuacct`` group of its own, which every
@@ -56,8 +57,18 @@ LAUNCHERS = {
     "ray": ("-o", "scaling.launcher=ray", "-o", "scaling.num_workers=2"),
     "torchrun": ("-o", "scaling.launcher=torchrun", "-o", "scaling.num_workers=2"),
     "local": (),
+    # Not in the default list: the ray launcher with Ray Data feeding the workers.
+    "ray-data": (
+        *("-o", "scaling.launcher=ray", "-o", "scaling.num_workers=2"),
+        *("-o", "data.loader=ray_data"),
+    ),
 }
-WORKERS = {"ray": "ray::RayTrainWorker", "torchrun": "torchrun worker", "local": "convoy driver"}
+WORKERS = {
+    "ray": "ray::RayTrainWorker",
+    "torchrun": "torchrun worker",
+    "local": "convoy driver",
+    "ray-data": "ray::RayTrainWorker",
+}
 # A fragment of a command line's first 4 words -> the process's name in the tables; the first
 # that matches wins (a starting Ray worker names the raylet in its later arguments).
 NAMES = (
@@ -265,7 +276,9 @@ def describe(trees: dict[str, Path]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--launchers", default=",".join(LAUNCHERS), help="comma-separated")
+    parser.add_argument(
+        "--launchers", default="ray,torchrun,local", help=f"comma-separated, of {list(LAUNCHERS)}"
+    )
     parser.add_argument(
         "--trees", default=f"before=/work/before,after={REPO}", help="label=path,label=path"
     )

@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import functools
+import pickle
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -12,7 +16,8 @@ import torch
 from convoy.config import DataConfig
 from convoy.data.base import TensorImageDataset
 from convoy.data.encoded import EncodedImageDataset
-from convoy.data.ray_data import Preprocess, eval_rows_per_rank
+from convoy.data.ray_data import eval_rows_per_rank
+from convoy.data.ray_data_stages import Preprocess
 from convoy.data.registry import load_splits
 from convoy.errors import DataError
 
@@ -106,7 +111,7 @@ def test_finished_samples_become_the_same_tensor_rows() -> None:
 
 def test_too_small_an_in_memory_split_names_the_batch_not_row_groups() -> None:
     from convoy.config import load_job
-    from convoy.data.ray_data import ReadChunks, TrainUnits
+    from convoy.data.ray_data_stages import ReadChunks, TrainUnits
     from convoy.data.ray_data_worker import RayTrainBatches
 
     job = load_job(None, ["data.batch_size=64"])
@@ -128,3 +133,23 @@ def test_every_workers_actor_pool_fits_in_the_reservation() -> None:
     for workers in (2, 4):
         task_cpus, actor_cpus = cpu_shares(job, pipelines=workers)
         assert actor_cpus * 2 * workers == pytest.approx(1.0) and task_cpus == 1.0
+
+
+def test_what_ray_trains_controller_unpickles_of_a_ray_data_run_imports_no_torch() -> None:
+    """Ray Train's controller unpickles the run's config (the train units with their map
+    stage) and its eval datasets (whose plans name the map stage's function) and runs
+    neither: torch would be its dearest import. Run in a fresh interpreter."""
+    from convoy.data.ray_data_stages import ReadChunks, TrainUnits, run_transform
+
+    preprocess = Preprocess("array", 8, (0.5,), (0.25,), 1 / 16, crop_padding=1, flip=True)
+    units = TrainUnits(rows=[4], items=[{"position": 0}], read=ReadChunks((), preprocess),
+                       window=1)  # fmt: skip
+    blob = pickle.dumps({"train": units, "map": functools.partial(run_transform, preprocess)})
+    probe = (
+        "import pickle, sys\n"
+        "loaded = pickle.loads(sys.stdin.buffer.read())\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('convoy.data.')))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], input=blob, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == "['convoy.data.ray_data_stages']"

@@ -493,7 +493,8 @@ def test_a_saved_dataset_reads_as_its_jsonl(folders: dict[str, Path], tmp_path: 
 def test_ray_data_carries_dict_inputs_as_columns(folders: dict[str, Path], mixed: Path) -> None:
     """What the pipeline does to a chunk (no Ray: ``Preprocess`` is what ``map_batches``
     calls), and how a worker turns the columns back into the torch loader's batch."""
-    from convoy.data.ray_data import Preprocess, _raw_columns, sample_spec
+    from convoy.data.ray_data import _raw_columns, sample_spec
+    from convoy.data.ray_data_stages import Preprocess
     from convoy.data.ray_data_worker import RayEvalBatches, _as_batch, cut_windows
 
     splits: Splits = load_splits(sft_cfg(folders["llama3"], mixed))

@@ -20,13 +20,8 @@ import torch
 from convoy.config import Job
 from convoy.data.base import Batch
 from convoy.data.loaders import WorkerData
-from convoy.data.ray_data import (
-    EVAL_SPLITS,
-    ReadRowGroups,
-    TrainUnits,
-    from_columns,
-    preprocessed,
-)
+from convoy.data.ray_data import EVAL_SPLITS, preprocessed
+from convoy.data.ray_data_stages import ReadRowGroups, TrainUnits, from_columns
 from convoy.data.streaming import PlannedTrainBatches, Rows
 
 OBJECT_STORE_SHARE = 0.5
