@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dated import publish  # this folder's helpers
+from dated import compile_sources, publish  # this folder's helpers
 
 COMMANDS = {  # label: (arguments, the exit code it ends with)
     "convoy --help": (["--help"], 0),
@@ -94,6 +94,8 @@ def main() -> None:
         name: Path(path).resolve()
         for name, _, path in (item.partition("=") for item in args.trees.split(","))
     }
+    for tree in trees.values():
+        compile_sources(tree)
     with tempfile.TemporaryDirectory() as folder:
         manifests = rendered_manifests(next(reversed(trees.values())), Path(folder))
         found: dict[tuple[str, str], list[tuple[float, float]]] = {}

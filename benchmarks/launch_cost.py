@@ -48,7 +48,7 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-from dated import publish  # this folder's helpers
+from dated import compile_sources, publish  # this folder's helpers
 from ray_process_cpu import cpu_seconds
 
 REPO = Path(__file__).resolve().parents[1]
@@ -286,6 +286,8 @@ def main() -> None:
     args = parser.parse_args()
     launchers = args.launchers.split(",")
     trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.trees.split(","))}
+    for tree in trees.values():
+        compile_sources(tree)
     results: dict[str, dict[str, list[dict]]] = {n: {t: [] for t in trees} for n in launchers}
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="lc", dir="/tmp") as folder:
