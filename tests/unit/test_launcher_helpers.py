@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import signal
@@ -10,6 +11,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -962,3 +964,47 @@ def test_the_agent_is_stopped_by_the_first_stop_signal_only(
         for again in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1):
             os.kill(os.getpid(), again)  # the agent is waiting on its workers: not raised
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+class _HangingWorkerGroup:
+    """Two workers whose process-group shutdown has not answered (a worker stuck in
+    ``destroy_process_group``): what ``on_shutdown`` waits on, up to Ray's time-out."""
+
+    def __init__(self) -> None:
+        self.asked: list[tuple[Any, dict[str, Any]]] = []
+
+    def __len__(self) -> int:
+        return 2
+
+    def execute_async(self, function: Any, **kwargs: Any) -> list[str]:
+        self.asked.append((function, kwargs))
+        return ["ref-0", "ref-1"]
+
+
+def test_a_process_group_shutdown_that_hangs_is_given_up_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Ray's own behaviour, kept: the workers are asked to destroy their process group, the
+    controller waits ``TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S`` at most, then warns and goes
+    on (the worker group is killed next), without raising."""
+    pytest.importorskip("ray.train")
+    from ray.exceptions import GetTimeoutError
+
+    from convoy.launchers import ray_controller
+
+    waited: list[float] = []
+
+    def get(refs: Any, timeout: float) -> None:
+        waited.append(timeout)
+        raise GetTimeoutError("no answer")
+
+    monkeypatch.setattr(ray_controller.ray, "get", get)
+    monkeypatch.setenv("TORCH_PROCESS_GROUP_SHUTDOWN_TIMEOUT_S", "7")
+    group = _HangingWorkerGroup()
+    with caplog.at_level(logging.WARNING, logger=ray_controller.__name__):
+        ray_controller.ProcessGroupBackend().on_shutdown(group, ray_controller.ProcessGroupConfig())
+    assert group.asked == [
+        (ray_controller.shut_down_process_group, {"destroy_process_group": True})
+    ]
+    assert waited == [7]
+    assert "Torch process group shutdown timed out after 7 seconds" in caplog.text
