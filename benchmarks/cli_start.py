@@ -40,7 +40,7 @@ COMMANDS = {  # label: (arguments, the exit code it ends with)
         ["k8s", "status", "some-run", "--kubeconfig", "/nonexistent"],
         2,
     ),
-    "convoy k8s validate (reads the run's last checkpoint meta)": (
+    "convoy k8s validate (a rendered RayJob: looks for its run's checkpoints)": (
         ["k8s", "validate", "{manifests}"],
         0,
     ),
@@ -50,20 +50,24 @@ COMMANDS = {  # label: (arguments, the exit code it ends with)
 def run_once(tree: Path, args: list[str], expected: int) -> tuple[float, float]:
     """CPU-s and wall s of one ``convoy`` command run from ``tree``."""
     env = {**os.environ, "PYTHONPATH": str(tree / "src"), "RAY_USAGE_STATS_ENABLED": "0"}
-    started = time.monotonic()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "convoy", *args],
-        cwd=tree,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
-    _, status, usage = os.wait4(process.pid, 0)
-    wall = time.monotonic() - started
-    process.returncode = os.waitstatus_to_exitcode(status)
-    if process.returncode != expected:
-        stderr = process.stderr.read().decode() if process.stderr else ""
-        raise SystemExit(f"{tree}: convoy {' '.join(args)} exited {process.returncode}\n{stderr}")
+    # Its stderr to a file: a pipe nobody reads while it runs could fill and stall it.
+    with tempfile.TemporaryFile() as stderr:
+        started = time.monotonic()
+        process = subprocess.Popen(
+            [sys.executable, "-m", "convoy", *args],
+            cwd=tree,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        _, status, usage = os.wait4(process.pid, 0)
+        wall = time.monotonic() - started
+        code = os.waitstatus_to_exitcode(status)
+        process.returncode = code  # reaped here: Popen must not wait for it again
+        if code != expected:
+            stderr.seek(0)
+            said = stderr.read().decode(errors="replace")
+            raise SystemExit(f"{tree}: convoy {' '.join(args)} exited {code}\n{said}")
     return usage.ru_utime + usage.ru_stime, wall
 
 
@@ -115,7 +119,7 @@ def main() -> None:
     rows = [
         "| command | "
         + " | ".join(f"{n} CPU-s | {n} wall s" for n in names)
-        + (" | CPU ratio |" if len(names) == 2 else " |"),
+        + (f" | CPU {names[1]} / {names[0]} |" if len(names) == 2 else " |"),
         "|---|" + "---|---|" * len(names) + ("---|" if len(names) == 2 else ""),
     ]
     for label in COMMANDS:

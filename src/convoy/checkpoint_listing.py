@@ -1,8 +1,8 @@
 """A run's checkpoints as files: their names and paths, which of them committed (their
 ``meta.json`` is there), what their meta says, and a local copy of one. Saving and loading
 them is ``convoy.checkpoint``'s; this module imports no torch, so that a command that only
-looks at a run's checkpoints (``convoy k8s validate``'s grace-period check, a launcher's
-driver deciding whether to resume) does not pay torch's distributed checkpointing's import.
+looks at a run's checkpoints (``convoy k8s validate``'s grace-period check, the resume hint
+after a failed Ray run) does not pay torch's distributed checkpointing's import.
 """
 
 from __future__ import annotations

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -110,6 +112,17 @@ def test_validate_warns_when_the_last_measured_save_is_longer(
     assert "workerGroupSpecs[0].template.spec.terminationGracePeriodSeconds: 31 s" in warnings[-1]
     assert "(step_00000040: 45.2 s)" in warnings[-1]
     assert "k8s.termination_grace_s" in warnings[-1]
+    # The same check in a fresh interpreter, as a CI pipeline or a laptop runs it: the save
+    # time comes from the checkpoint's meta alone, and torch is never imported.
+    probe = (
+        "import sys\n"
+        "from convoy.cli import main\n"
+        f"code = main(['k8s', 'validate', {str(manifest)!r}])\n"
+        "print(code, 'torch' in sys.modules)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+    assert done.stdout.splitlines()[-1] == "0 False", done.stdout + done.stderr
+    assert "(step_00000040: 45.2 s)" in done.stderr
 
     longer = job_of(
         f"k8s.pvc_mount_path={shared_dir}", "run.storage_dir=runs", "k8s.termination_grace_s=60"

@@ -20,7 +20,9 @@ from convoy.config import load_job
 from convoy.k8s import K8sError, control
 from convoy.k8s.client import BY_KIND, KubeApi
 from convoy.k8s.configmap import recipe_job
+from convoy.k8s.grace import grace_warnings
 from convoy.k8s.validate import check_manifests
+from convoy.launchers.ray_preemption import drain_this_node
 
 EXAMPLES = """\
 examples:
@@ -199,8 +201,6 @@ def validate(args: argparse.Namespace) -> int:
 
 def drain_node(args: argparse.Namespace) -> int:
     """Drain this pod's Ray node as a preemption (a preStop hook)."""
-    from convoy.launchers.ray_preemption import drain_this_node  # Ray's: see _manifests
-
     drain_this_node(args.deadline_s, args.address, wait=not args.no_wait)
     return 0
 
@@ -286,8 +286,6 @@ def _print_state(state: Any) -> None:
 
 def _grace_warnings(manifests: list[Any]) -> list[str]:
     """Pods whose grace period is shorter than their run's last measured save."""
-    from convoy.k8s.grace import grace_warnings  # torch: see _manifests
-
     recipes = [
         text
         for m in manifests

@@ -3,9 +3,10 @@ train units each worker is handed (``TrainUnits``), with the column helpers they
 
 Imports no torch: Ray Train's controller unpickles these with the run's config and datasets
 and never runs them, and torch would be its dearest import (1-1.3 CPU-s and a few hundred
-MB per run). The methods that use torch import it, in the Ray Data tasks and train workers
-that have it loaded already. A streamed source's ``ReadRowGroups`` holds its
-``ShardedSplit``, whose module imports torch.
+MB per run). The methods that use torch import it when they first run, in the Ray Data
+tasks and the train workers. A streamed source's ``ReadRowGroups`` holds its
+``ShardedSplit`` and the split's row reader (in ``convoy.data.ray_data``), whose modules do
+import torch: the controller of such a run still does.
 """
 
 from __future__ import annotations
