@@ -70,8 +70,11 @@ def test_a_kill_past_max_failures_fails_clearly_and_keeps_checkpoints(
     the checkpoint committed before it still loads. (Kills within the limit are survived:
     the test above.)"""
     job = ray_job(tmp_path, "killed-of-none", *KILL_RANK_1, "scaling.max_failures=0")
-    with pytest.raises(LaunchError, match="Ray Train run failed"):
+    with pytest.raises(LaunchError, match="Ray Train run failed") as caught:
         convoy.train(job)
+    # What to do comes first, Ray's report of each rank after it.
+    first = str(caught.value).splitlines()[0]
+    assert "the committed checkpoint step_00000020 resumes when you run 'killed-of-none'" in first
     assert (job.run_dir / ".attempts").read_text() == "1"
     checkpoints = committed_checkpoints(job.run_dir)
     assert checkpoints == ["step_00000020"]

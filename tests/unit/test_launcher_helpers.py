@@ -445,6 +445,30 @@ def test_lost_nodes_are_read_from_ray_worker_failures() -> None:
     assert lost_nodes({0: closed}) == ["10.213.1.3"]
 
 
+def test_a_peer_on_the_drivers_own_node_is_not_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A survivor's "connection reset by peer" names a node; the driver's own node is alive
+    (it answers the question), so only the others are waited for until the GCS decides. On a
+    private Ray every worker is on the driver's node: a crashed worker is told at once."""
+    ray = pytest.importorskip("ray")
+    from convoy.launchers import ray_failures
+
+    nodes = [
+        {"NodeID": "own", "NodeManagerAddress": "10.0.0.1", "Alive": True},
+        {"NodeID": "gone", "NodeManagerAddress": "10.0.0.2", "Alive": False},
+        {"NodeID": "live", "NodeManagerAddress": "10.0.0.3", "Alive": True},
+    ]
+    context = type("Context", (), {"get_node_id": lambda self: "own"})()
+    monkeypatch.setattr(ray, "nodes", lambda: nodes)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: context)
+    slept: list[float] = []
+    monkeypatch.setattr(ray_failures.time, "sleep", slept.append)
+    assert ray_failures.dead_nodes(["10.0.0.1"]) == []
+    assert slept == []  # not one poll for the driver's own node
+    assert ray_failures.dead_nodes(["10.0.0.1", "10.0.0.2"]) == ["10.0.0.2"]
+    # A live peer elsewhere is polled until the time-out: Ray may yet mark it dead.
+    assert ray_failures.dead_nodes(["10.0.0.3"], timeout=0.0) == []
+
+
 def test_a_range_in_a_recipe_file_is_a_range_not_a_base_60_number(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(

@@ -29,9 +29,15 @@ def fit(trainer: Any, job: Job) -> Any:
         if lost:
             raise LaunchError(
                 f"Ray Train run failed: lost node {', '.join(lost)} (its workers stopped answering "
-                f"and Ray marked the node dead); {resume_hint(job)}"
+                f"and Ray marked the node dead); {checkpoint_hint(job)}; to continue on the "
+                "nodes left instead, set scaling.max_failures and an elastic "
+                "scaling.num_workers [MIN, MAX]"
             ) from None
-        raise LaunchError(f"Ray Train run failed: {exc}") from None
+        # The first line says what to do; Ray's report of each rank (tracebacks) follows.
+        raise LaunchError(
+            f"Ray Train run failed; {checkpoint_hint(job)}; to restart the workers after a "
+            f"failure instead, set scaling.max_failures. Ray's report:\n{exc}"
+        ) from None
 
 
 def lost_nodes(failures: dict[int, BaseException]) -> list[str]:
@@ -77,6 +83,11 @@ def dead_nodes(candidates: list[str], timeout: float = NODE_DEATH_WAIT_S) -> lis
     """
     import ray
 
+    # The driver's own node answers this very question: it is not waited for (on a private
+    # Ray, every worker's node is this one, and a crashed worker would cost the wait).
+    own_node = ray.get_runtime_context().get_node_id()
+    here = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("NodeID") == own_node}
+    candidates = [ip for ip in candidates if ip not in here]
     deadline = time.monotonic() + timeout
     while candidates:
         alive = {n["NodeManagerAddress"] for n in ray.nodes() if n.get("Alive")}
@@ -87,21 +98,15 @@ def dead_nodes(candidates: list[str], timeout: float = NODE_DEATH_WAIT_S) -> lis
     return []
 
 
-def resume_hint(job: Job) -> str:
-    """What to do after a failed run: which checkpoint resumes, and the elastic option."""
+def checkpoint_hint(job: Job) -> str:
+    """After a failed run: which committed checkpoint resumes it, if any."""
     try:
         saved = committed_checkpoints(job.run_uri)
     except Exception:  # unreadable storage: say what we can
         saved = []
-    where = (
-        f"the committed checkpoint {saved[-1]} resumes when you run {job.run.name!r} again"
-        if saved
-        else "no checkpoint was committed (set checkpoint.every_steps to save during a run)"
-    )
-    return (
-        f"{where}; to continue on the nodes left instead, set scaling.max_failures and an "
-        "elastic scaling.num_workers [MIN, MAX]"
-    )
+    if saved:
+        return f"the committed checkpoint {saved[-1]} resumes when you run {job.run.name!r} again"
+    return "no checkpoint was committed (set checkpoint.every_steps to save during a run)"
 
 
 def _convoy_cause(error: BaseException) -> ConvoyError | None:
