@@ -469,6 +469,21 @@ def test_a_peer_on_the_drivers_own_node_is_not_waited_for(monkeypatch: pytest.Mo
     assert ray_failures.dead_nodes(["10.0.0.3"], timeout=0.0) == []
 
 
+def test_a_failed_runs_hint_names_the_checkpoint_that_resumes_it(tmp_path: Path) -> None:
+    from convoy.launchers.ray_failures import checkpoint_hint
+
+    job = load_job(None, [f"run.storage_dir={tmp_path}", "run.name=failed"])
+    assert checkpoint_hint(job).startswith("no checkpoint was committed")
+    partial = job.run_dir / "checkpoints" / "step_00000040"  # a save that never committed
+    partial.mkdir(parents=True)
+    committed = job.run_dir / "checkpoints" / "step_00000020"
+    committed.mkdir()
+    (committed / "meta.json").write_text("{}")
+    assert checkpoint_hint(job) == (
+        "the committed checkpoint step_00000020 resumes when you run 'failed' again"
+    )
+
+
 def test_a_range_in_a_recipe_file_is_a_range_not_a_base_60_number(tmp_path: Path) -> None:
     recipe = tmp_path / "r.yaml"
     recipe.write_text(

@@ -229,16 +229,16 @@ class StopWatch:
         if self.notice is None and self.notices is not None:
             self.notice = self.notices.poll()
         notice = self.notice
-        import torch  # see the imports above
-        import torch.distributed as dist
-
-        from convoy.distributed import is_distributed
+        from convoy.distributed import is_distributed  # torch: see the imports above
 
         if not is_distributed():
             return notice
         self._until_poll -= 1
         if self._until_poll > 0:
             return None
+        import torch  # at a poll only, not at every boundary
+        import torch.distributed as dist
+
         # MAX of (asked, -deadline, boundaries to the next poll): whether any rank was asked,
         # the earliest deadline, and rank 0's schedule (the others send 1).
         local = torch.tensor(
