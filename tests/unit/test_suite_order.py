@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -68,6 +69,28 @@ def test_the_low_weight_cgroup_is_made_and_removed(monkeypatch, tmp_path) -> Non
     monkeypatch.setattr(run_tiers, "CPU_CGROUPS", tmp_path / "no-such-controller")
     with run_tiers.low_weight_cgroup() as procs:
         assert procs is None  # the tiers then run one after the other
+
+
+def test_each_run_compiles_from_an_empty_inductor_cache_unless_one_is_chosen(
+    monkeypatch, tmp_path
+) -> None:  # type: ignore[no-untyped-def]
+    """As on CI's fresh machine: a new folder for the run, in the environment every test
+    process inherits, gone at the end; a folder the user chose is kept and left alone."""
+    import run_tiers
+
+    monkeypatch.delenv(run_tiers.INDUCTOR_CACHE, raising=False)
+    with run_tiers.fresh_compile_cache():
+        folder = Path(os.environ[run_tiers.INDUCTOR_CACHE])
+        assert folder.is_dir() and not any(folder.iterdir())
+        (folder / "kernel.so").write_bytes(b"")  # what a compile leaves
+    assert run_tiers.INDUCTOR_CACHE not in os.environ and not folder.exists()
+
+    chosen = tmp_path / "my-cache"
+    chosen.mkdir()
+    monkeypatch.setenv(run_tiers.INDUCTOR_CACHE, str(chosen))
+    with run_tiers.fresh_compile_cache():
+        assert os.environ[run_tiers.INDUCTOR_CACHE] == str(chosen)
+    assert os.environ[run_tiers.INDUCTOR_CACHE] == str(chosen) and chosen.is_dir()
 
 
 # A stand-in for pytest in the runner's tests: says which side it is, which CPU cgroup it runs
