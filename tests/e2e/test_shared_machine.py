@@ -163,21 +163,6 @@ def alone(joined: JoinedRun) -> dict[str, Any]:
     return summary_of(joined.output)
 
 
-def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
-    ray_tmp: Path, tmp_path: Path, joined: JoinedRun, alone: dict[str, Any]
-) -> None:
-    assert f"joining the Ray started on this machine at {joined.address}" in joined.output
-    assert "started a private Ray" not in joined.output
-    assert joined.head_outlived_the_run
-    # Killed without `ray stop`: Ray's address file still names the head.
-    assert (ray_tmp / "ray" / "ray_current_cluster").read_text().strip() == joined.address
-    fresh = finish(convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path}"))
-    stale = [line for line in fresh.splitlines() if joined.address in line]
-    assert len(stale) == 1 and "is not running" in stale[0], fresh
-    assert own_ray(fresh) != joined.address
-    same_metrics(summary_of(fresh), alone)
-
-
 class WorkerSeen(NamedTuple):
     """A train worker as last seen: its nice value, its Ray metrics setting, and whether it
     leads a session of its own."""
@@ -219,17 +204,52 @@ def watch_workers(
     return seen
 
 
-def test_two_runs_started_together_each_train_on_their_own_ray(
-    ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
-) -> None:
-    """The same small run twice at once, as two users would start it: each on a Ray of its
-    own, neither's workers the other's, and each trains exactly what the run alone trained."""
+@dataclass(frozen=True)
+class FreshPair:
+    outputs: dict[str, str]  # what each run printed, by name
+    workers: Seen  # the train workers that descended from each
+
+
+@pytest.fixture(scope="module")
+def fresh_pair(
+    ray_tmp: Path, joined: JoinedRun, tmp_path_factory: pytest.TempPathFactory
+) -> FreshPair:
+    """The same small run twice at once, as two users would start it, after the head the
+    ``joined`` run used was killed (its address file left behind): the runs both tests below
+    check, started once for the module."""
+    storage = tmp_path_factory.mktemp("pair")
     runs = {
-        name: convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path / name}")
+        name: convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={storage / name}")
         for name in ("first", "second")
     }
     workers = watch_workers(runs)
-    outputs = {name: finish(process) for name, process in runs.items()}
+    return FreshPair({name: finish(process) for name, process in runs.items()}, workers)
+
+
+def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
+    ray_tmp: Path, joined: JoinedRun, fresh_pair: FreshPair, alone: dict[str, Any]
+) -> None:
+    """The run joins the head a user started, and the head outlives it; once the head is
+    killed without ``ray stop``, each of the next runs (the two of ``fresh_pair``) says the
+    address it found is not running, once, and trains on a Ray of its own."""
+    assert f"joining the Ray started on this machine at {joined.address}" in joined.output
+    assert "started a private Ray" not in joined.output
+    assert joined.head_outlived_the_run
+    # Killed without `ray stop`: Ray's address file still names the head.
+    assert (ray_tmp / "ray" / "ray_current_cluster").read_text().strip() == joined.address
+    for fresh in fresh_pair.outputs.values():
+        stale = [line for line in fresh.splitlines() if joined.address in line]
+        assert len(stale) == 1 and "is not running" in stale[0], fresh
+        assert own_ray(fresh) != joined.address
+        same_metrics(summary_of(fresh), alone)
+
+
+def test_two_runs_started_together_each_train_on_their_own_ray(
+    fresh_pair: FreshPair, alone: dict[str, Any]
+) -> None:
+    """Each on a Ray of its own, neither's workers the other's (``watch_workers`` fails on a
+    worker of both), and each trains exactly what the run alone trained."""
+    outputs, workers = fresh_pair.outputs, fresh_pair.workers
     # Each run's train workers are processes of its own Ray, which the run names.
     assert len(workers["first"]) == 2 and len(workers["second"]) == 2, workers
     assert own_ray(outputs["first"]) != own_ray(outputs["second"])
