@@ -75,6 +75,7 @@ NOTHING_COLLECTED = 5  # pytest's exit code when a selection leaves a run withou
 BUDGET_FAILED = 1  # the exit code when the tests and lint passed but a module is over budget
 TOP_TESTS = 10
 INDUCTOR_CACHE = "TORCHINDUCTOR_CACHE_DIR"
+ENVTEST_CPU = Path("/tmp/convoy-envtest-build.cpu")  # the Makefile's ENVTEST_CPU
 # Where each run's per-test records (and its figures, beside them) are kept for a look after.
 RECORDS_DIR = Path(tempfile.gettempdir())
 
@@ -259,13 +260,33 @@ def cpu_before_tests() -> float | None:
     return None
 
 
+def envtest_build_cpu(path: Path = ENVTEST_CPU) -> float | None:
+    """CPU seconds of the test API server's build that ``make test`` started in the background
+    (the Makefile's ``envtest-build``: a shell's ``times`` once it ended, the second line its
+    children's user and system time, ``1m2.5s 0m3.25s``); None when it has not ended or did
+    not run. A machine that built it before spends about nothing here; a fresh one minutes."""
+    try:
+        children = path.read_text().splitlines()[1].split()
+    except (OSError, IndexError):
+        return None
+    seconds = 0.0
+    for field in children:
+        minutes, _, rest = field.partition("m")
+        seconds += 60 * float(minutes) + float(rest.rstrip("s"))
+    return seconds
+
+
 def print_cpu(
     before: float | None, lint: tuple[int, float] | None, tests: dict[str, float]
 ) -> None:
-    """What the run cost in CPU seconds: the install, lint, each side of the tests."""
+    """What the run cost in CPU seconds: the install, the test API server's build, lint, each
+    side of the tests."""
     print("\n===== CPU seconds (every process counted) =====")
     if before is not None:
         print(f"install and make's other steps before the tests: {before:,.1f}")
+    build = envtest_build_cpu()
+    if before is not None and build is not None:  # a make started it (and removed an old one)
+        print(f"the test API server's build, in the background from make's start: {build:,.1f}")
     if lint is not None:
         print(f"lint, beside the tests: {lint[1]:,.1f}")
     if not tests:

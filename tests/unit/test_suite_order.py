@@ -93,6 +93,18 @@ def test_each_run_compiles_from_an_empty_inductor_cache_unless_one_is_chosen(
     assert os.environ[run_tiers.INDUCTOR_CACHE] == str(chosen) and chosen.is_dir()
 
 
+def test_the_background_api_server_builds_cpu_is_read_from_its_shells_times(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """The Makefile's ``envtest-build`` ends with ``times``: the second line is its children's."""
+    import run_tiers
+
+    record = tmp_path / "build.cpu"
+    assert run_tiers.envtest_build_cpu(record) is None  # not ended (or not started)
+    record.write_text("0m0.010000s 0m0.020000s\n5m12.340000s 0m45.500000s\n")  # dash's
+    assert run_tiers.envtest_build_cpu(record) == pytest.approx(312.34 + 45.5)
+    record.write_text("0m0.002s 0m0.000s\n0m0.150s 0m0.050s\n")  # bash's: built before
+    assert run_tiers.envtest_build_cpu(record) == pytest.approx(0.2)
+
+
 # A stand-in for pytest in the runner's tests: says which side it is, which CPU cgroup it runs
 # in, and exits with the code the test gives that side.
 FAKE_PYTEST = (
