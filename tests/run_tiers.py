@@ -32,9 +32,10 @@ first failing run's (the tests', then lint's, then the budget's).
 
 Inductor's cache starts empty for each run (``TORCHINDUCTOR_CACHE_DIR`` a new folder, shared by
 every process of the run, removed at the end), as on CI's fresh machine: a machine's warm
-``/tmp/torchinductor_<user>`` hid 120-150 CPU-s of C++ kernel compiles (the compile tests:
-``tests/unit/test_blocks.py`` 60 CPU-s cold, 11 warm), so a local run passed budgets that
-CI's could not. A ``TORCHINDUCTOR_CACHE_DIR`` already set is kept.
+``/tmp/torchinductor_<user>`` hid about 106 CPU-s of C++ kernel compiles in the four compile
+tests (``tests/unit/test_blocks.py`` 48 CPU-s cold, 10 warm:
+``benchmarks/fresh_machine_cpu_2026-11-29.md``), so a local run passed budgets that CI's
+could not. A ``TORCHINDUCTOR_CACHE_DIR`` already set is kept.
 """
 
 from __future__ import annotations
