@@ -60,13 +60,13 @@ def measured(command: list[str], env: dict[str, str]) -> tuple[float, float]:
             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
         )
         wall = time.monotonic() - start
-        if done.returncode != 0:
-            sys.exit(f"{' '.join(command)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    finally:  # what it left behind counts too; the group goes whatever happened
         end_leftovers(group)
-        return int((group / "cpuacct.usage").read_text()) / 1e9, wall
-    finally:
-        end_leftovers(group)
+        cpu = int((group / "cpuacct.usage").read_text()) / 1e9
         group.rmdir()
+    if done.returncode != 0:
+        sys.exit(f"{' '.join(command)} failed:\n{(done.stdout + done.stderr)[-3000:]}")
+    return cpu, wall
 
 
 def end_leftovers(group: Path, grace_s: float = 30.0) -> None:
