@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import io
 import pickle
 import subprocess
 import sys
@@ -40,8 +41,54 @@ def test_array_rows_match_the_torch_dataset() -> None:
     }
     out = preprocess(batch)
     expected = torch.stack([dataset[i][0] for i in range(5)])
-    torch.testing.assert_close(torch.from_numpy(out["x"]), expected, rtol=0, atol=1e-6)
+    assert torch.equal(torch.from_numpy(out["x"]), expected)  # bit for bit
     assert out["y"].tolist() == dataset.labels[:5].tolist()
+
+
+def png_bytes(value: int) -> bytes:
+    """A 2x2 PNG of one grey level."""
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (2, 2), (value,) * 3).save(out, format="PNG")
+    return out.getvalue()
+
+
+NO_TORCH_BATCHES = {
+    # digits' rows: scaled by 1/16, normalized by mean 0.5 and std 0.25: (8/16 - 0.5) / 0.25
+    "array": (
+        Preprocess("array", 2, (0.5,), (0.25,), 1 / 16),
+        {"image": np.full((3, 1, 2, 2), 8, np.uint8)},
+        "(3, 1, 2, 2) 0.0",
+    ),
+    # an image folder's rows (its files' bytes here): decoded to RGB in [-1, 1]
+    "encoded": (
+        Preprocess("encoded", 2),
+        {"name": np.array(["a", "b", "c"], object), "image": np.array([png_bytes(255)] * 3)},
+        "(3, 3, 2, 2) 1.0",
+    ),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(NO_TORCH_BATCHES))
+def test_without_augmentation_an_in_memory_source_is_preprocessed_without_torch(kind: str) -> None:
+    """A Ray Data task of digits (array rows) or an image folder (encoded rows), without
+    augmentation, scales or decodes in numpy and Pillow: the task's process imports no torch
+    (about 1.5 CPU-s a task worker). Run in a fresh interpreter, as a Ray Data task worker is
+    one."""
+    preprocess, rows, expected = NO_TORCH_BATCHES[kind]
+    batch = {**rows, "index": np.arange(3), "label": np.arange(3)}
+    probe = (
+        "import pickle, sys\n"
+        "preprocess, batch = pickle.loads(sys.stdin.buffer.read())\n"
+        "x = preprocess(batch)['x']\n"
+        "print(x.dtype, x.flags['C_CONTIGUOUS'], x.shape, float(x.max()), 'torch' in sys.modules)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], input=pickle.dumps((preprocess, batch)), capture_output=True
+    )
+    assert done.returncode == 0, done.stderr.decode()
+    assert done.stdout.decode().strip() == f"float32 True {expected} False"
 
 
 def test_encoded_rows_match_the_torch_dataset(imagefolder: Path) -> None:

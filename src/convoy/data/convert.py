@@ -26,7 +26,7 @@ from PIL import Image
 
 from convoy.data.cifar10 import CLASSES as CIFAR10_CLASSES
 from convoy.data.cifar10 import read_cifar10
-from convoy.data.encoded import UNREADABLE, ImageRecord, unreadable_reason
+from convoy.data.image_records import UNREADABLE, ImageRecord, unreadable_reason
 from convoy.data.imagefolder import list_classes, list_files
 from convoy.data.parquet import CLASSES_FILE, read_classes, read_records, shard_files
 from convoy.errors import DataError

@@ -4,78 +4,34 @@ every reader and both loaders, so a folder and its parquet conversion train iden
 Records are decoded with Pillow, converted to RGB, resized to the dataset's size and scaled
 to [-1, 1]. ``data.on_bad_record`` decides what an unreadable record does: ``error`` names it
 and stops; ``skip`` decodes every record once when the split is built, leaves out those that
-fail and reports them, so the epoch length is known before training starts.
+fail and reports them, so the epoch length is known before training starts. The decoding
+itself is ``convoy.data.image_records`` (no torch: Ray Data's tasks use it); this module is
+the torch loader's dataset over it and the checks a split's records get.
 """
 
 from __future__ import annotations
 
-import io
 from collections.abc import Iterable
-from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import torch
-from PIL import Image, UnidentifiedImageError
 from torch.utils.data import Dataset
 
 from convoy.data.base import augment
+from convoy.data.image_records import (
+    UNREADABLE,
+    ImageRecord,
+    decode_record,
+    decode_rgb,
+    rgb_to_array,
+    unreadable_reason,
+)
 from convoy.errors import DataError
-
-
-@dataclass(frozen=True)
-class ImageRecord:
-    """One labelled image: a file on disk, or encoded bytes from a shard."""
-
-    name: str
-    """How errors and reports name it: a file path, or ``<shard>#<row>``."""
-    label: int
-    path: Path | None = None
-    data: bytes | None = None
-
-    def read_bytes(self) -> bytes:
-        if self.data is not None:
-            return self.data
-        assert self.path is not None
-        return self.path.read_bytes()
-
-
-def decode_rgb(raw: bytes, size: int) -> np.ndarray:
-    """Encoded image -> RGB uint8 array (size, size, 3); Pillow's errors pass through."""
-    with Image.open(io.BytesIO(raw)) as img:
-        rgb = img.convert("RGB")
-        if rgb.size != (size, size):
-            rgb = rgb.resize((size, size))
-        return np.asarray(rgb, dtype=np.uint8)
 
 
 def rgb_to_tensor(rgb: np.ndarray) -> torch.Tensor:
     """(H, W, 3) uint8 -> (3, H, W) float in [-1, 1]."""
-    array = torch.from_numpy(np.ascontiguousarray(rgb, dtype=np.float32) / 255.0)
-    return (array.permute(2, 0, 1) - 0.5) / 0.5
-
-
-UNREADABLE = (OSError, ValueError, SyntaxError)
-"""Pillow's (and the file system's) ways of saying "this is not an image I can read"."""
-
-
-def unreadable_reason(exc: BaseException) -> str:
-    """A short, stable reason for a record that cannot be read."""
-    if isinstance(exc, FileNotFoundError):
-        return "missing"
-    if isinstance(exc, UnidentifiedImageError):
-        return "not an image Pillow can identify"
-    return str(exc) or type(exc).__name__
-
-
-def decode_record(record: ImageRecord, size: int) -> np.ndarray:
-    """Decode one record, or raise ``DataError`` naming it."""
-    try:
-        return decode_rgb(record.read_bytes(), size)
-    except UNREADABLE as exc:
-        raise DataError(
-            f"data: cannot read image {record.name}: {unreadable_reason(exc)}"
-        ) from None
+    return torch.from_numpy(rgb_to_array(rgb))
 
 
 class EncodedImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):

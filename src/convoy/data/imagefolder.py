@@ -14,12 +14,8 @@ import torch
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits, given_path, image_shape
-from convoy.data.encoded import (
-    EncodedImageDataset,
-    ImageRecord,
-    apply_bad_record_policy,
-    check_labels,
-)
+from convoy.data.encoded import EncodedImageDataset, apply_bad_record_policy, check_labels
+from convoy.data.image_records import ImageRecord
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError
 

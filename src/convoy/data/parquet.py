@@ -17,7 +17,8 @@ from typing import Any
 
 from convoy.config import DataConfig
 from convoy.data.base import Splits, given_path, seeded_split
-from convoy.data.encoded import ImageRecord, check_labels
+from convoy.data.encoded import check_labels
+from convoy.data.image_records import ImageRecord
 from convoy.data.imagefolder import encoded_splits
 from convoy.data.sources import DATA_SEED
 from convoy.errors import ConfigError, DataError

@@ -57,7 +57,8 @@ import torch
 
 from convoy.config import Job
 from convoy.data.base import Collated, SizedDataset, Splits, TensorImageDataset
-from convoy.data.encoded import EncodedImageDataset, ImageRecord
+from convoy.data.encoded import EncodedImageDataset
+from convoy.data.image_records import ImageRecord
 from convoy.data.parquet import (
     COLUMNS,
     check_train_labels,

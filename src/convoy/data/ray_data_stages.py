@@ -4,7 +4,9 @@ train units each worker is handed (``TrainUnits``), with the column helpers they
 Imports no torch: Ray Train's controller unpickles these with the run's config and datasets
 and never runs them, and torch would be its dearest import (1-1.3 CPU-s and a few hundred
 MB per run). The methods that use torch import it when they first run, in the Ray Data
-tasks and the train workers. A streamed source's ``ReadRowGroups`` holds its
+tasks and the train workers. Without augmentation, an array source (scaled and normalized in
+numpy) and an image folder (decoded by ``convoy.data.image_records``) need no torch: their
+Ray Data tasks import none (about 1.5 CPU-s a task worker). A streamed source's ``ReadRowGroups`` holds its
 ``ShardedSplit`` and the split's row reader (in ``convoy.data.ray_data``), whose modules do
 import torch: the controller of such a run still does.
 """
@@ -18,8 +20,6 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
-    import torch
-
     from convoy.data.shards import ShardedSplit
 
 INPUTS = "x"
@@ -55,12 +55,10 @@ class Preprocess:
         if self.crop_padding or self.flip:
             images = self._augment(images, batch["index"])
         labels = np.asarray(batch["label"], dtype=np.int64)
-        return {"index": batch["index"], "x": images.numpy(), "y": labels}
+        return {"index": batch["index"], "x": images, "y": labels}
 
-    def _decode(self, batch: dict[str, np.ndarray]) -> torch.Tensor:
-        import torch  # see the module's docstring
-
-        from convoy.data.encoded import ImageRecord, decode_record, rgb_to_tensor
+    def _decode(self, batch: dict[str, np.ndarray]) -> np.ndarray:
+        from convoy.data.image_records import ImageRecord, decode_record, rgb_to_array
 
         decoded = []
         for i, name in enumerate(batch["name"]):
@@ -69,20 +67,20 @@ class Preprocess:
                 if "path" in batch
                 else ImageRecord(str(name), 0, data=bytes(batch["image"][i]))
             )
-            decoded.append(rgb_to_tensor(decode_record(record, self.image_size)))
-        return torch.stack(decoded)
+            decoded.append(rgb_to_array(decode_record(record, self.image_size)))
+        return np.stack(decoded)
 
-    def _scale(self, raw: np.ndarray) -> torch.Tensor:
-        import torch  # see the module's docstring
-
-        images = torch.from_numpy(np.array(raw, dtype=np.float32)) * self.scale
+    def _scale(self, raw: np.ndarray) -> np.ndarray:
+        # TensorImageDataset's float32 arithmetic, in numpy: each operation is one correctly
+        # rounded float32 operation either way, so the samples are the same bit for bit.
+        images = np.array(raw, dtype=np.float32) * np.float32(self.scale)
         if self.mean:
-            mean = torch.tensor(self.mean).view(1, -1, 1, 1)
-            std = torch.tensor(self.std).view(1, -1, 1, 1)
+            mean = np.array(self.mean, dtype=np.float32).reshape(1, -1, 1, 1)
+            std = np.array(self.std, dtype=np.float32).reshape(1, -1, 1, 1)
             images = (images - mean) / std
         return images
 
-    def _augment(self, images: torch.Tensor, indices: np.ndarray) -> torch.Tensor:
+    def _augment(self, images: np.ndarray, indices: np.ndarray) -> np.ndarray:
         import torch  # see the module's docstring
 
         from convoy.data.base import augment
@@ -93,8 +91,11 @@ class Preprocess:
         generator = torch.Generator().manual_seed(hash((self.seed, *indices.tolist())) % 2**63)
         fill = -1.0 if self.kind == "encoded" else float(self._normalized_zero())
         return torch.stack(
-            [augment(img, self.crop_padding, self.flip, fill, generator) for img in images]
-        )
+            [
+                augment(img, self.crop_padding, self.flip, fill, generator)
+                for img in torch.from_numpy(images)
+            ]
+        ).numpy()
 
     def _normalized_zero(self) -> float:
         # Array sources pad with black before normalizing, as the torch loader does.
