@@ -9,6 +9,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -16,10 +17,13 @@ import torch
 
 from convoy.config import DataConfig
 from convoy.data.base import TensorImageDataset
+from convoy.data.convert import convert_dataset
 from convoy.data.encoded import EncodedImageDataset
+from convoy.data.parquet import COLUMNS
 from convoy.data.ray_data import eval_rows_per_rank
-from convoy.data.ray_data_stages import Preprocess
+from convoy.data.ray_data_stages import Preprocess, ReadRowGroups, raw_rows_only
 from convoy.data.registry import load_splits
+from convoy.data.shards import ShardedSplit, list_shards, scan_shards
 from convoy.errors import DataError
 
 
@@ -70,25 +74,47 @@ NO_TORCH_BATCHES = {
 }
 
 
+def run_in_a_fresh_interpreter(stage: Any, batch: dict[str, np.ndarray]) -> str:
+    """The map stage ``stage`` run on ``batch`` in a new Python, as a Ray Data task worker is
+    one: the samples' dtype, layout, shape and largest value, and whether torch was loaded."""
+    probe = (
+        "import pickle, sys\n"
+        "stage, batch = pickle.loads(sys.stdin.buffer.read())\n"
+        "x = stage(batch)['x']\n"
+        "print(x.dtype, x.flags['C_CONTIGUOUS'], x.shape, float(x.max()), 'torch' in sys.modules)"
+    )
+    blob = pickle.dumps((stage, batch))
+    done = subprocess.run([sys.executable, "-c", probe], input=blob, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode()
+    return done.stdout.decode().strip()
+
+
 @pytest.mark.parametrize("kind", sorted(NO_TORCH_BATCHES))
 def test_without_augmentation_an_in_memory_source_is_preprocessed_without_torch(kind: str) -> None:
     """A Ray Data task of digits (array rows) or an image folder (encoded rows), without
     augmentation, scales or decodes in numpy and Pillow: the task's process imports no torch
-    (about 1.5 CPU-s a task worker). Run in a fresh interpreter, as a Ray Data task worker is
-    one."""
+    (about 1.5 CPU-s a task worker)."""
     preprocess, rows, expected = NO_TORCH_BATCHES[kind]
     batch = {**rows, "index": np.arange(3), "label": np.arange(3)}
-    probe = (
-        "import pickle, sys\n"
-        "preprocess, batch = pickle.loads(sys.stdin.buffer.read())\n"
-        "x = preprocess(batch)['x']\n"
-        "print(x.dtype, x.flags['C_CONTIGUOUS'], x.shape, float(x.max()), 'torch' in sys.modules)"
+    assert run_in_a_fresh_interpreter(preprocess, batch) == f"float32 True {expected} False"
+
+
+def test_encoded_image_shards_are_read_and_decoded_without_torch(
+    imagefolder: Path, tmp_path: Path
+) -> None:
+    """A parquet conversion of an image folder: the Ray Data task that reads a row group and
+    decodes its images unpickles the split and imports no torch."""
+    convert_dataset(imagefolder, tmp_path / "shards")
+    location = str(tmp_path / "shards")
+    groups, _ = scan_shards(location, list_shards(location, "train"))
+    split = ShardedSplit(location, groups, list(COLUMNS), raw_rows_only, "label")
+    read = ReadRowGroups(split, Preprocess("encoded", 8))
+    batch = {"position": np.array([0]), "lo": np.array([1]), "hi": np.array([4])}
+    # rows 1-3 of the dark class (levels 31-33 of 255, scaled to [-1, 1])
+    assert (
+        run_in_a_fresh_interpreter(read, batch)
+        == "float32 True (3, 3, 8, 8) -0.7411764860153198 False"
     )
-    done = subprocess.run(
-        [sys.executable, "-c", probe], input=pickle.dumps((preprocess, batch)), capture_output=True
-    )
-    assert done.returncode == 0, done.stderr.decode()
-    assert done.stdout.decode().strip() == f"float32 True {expected} False"
 
 
 def test_encoded_rows_match_the_torch_dataset(imagefolder: Path) -> None:

@@ -76,6 +76,7 @@ from convoy.data.ray_data_stages import (
     as_columns,
     from_columns,
     input_columns,
+    raw_rows_only,
     run_transform,
 )
 from convoy.data.registry import load_splits
@@ -401,7 +402,7 @@ def _parquet_train(job: Job, world_size: int) -> tuple[TrainUnits, int]:
     rows = check_train_labels(job.data)
     location = str(Path(str(job.data.path)).expanduser())
     groups, _ = scan_shards(location, list_shards(location, "train"))
-    split = ShardedSplit(location, groups, list(COLUMNS), _raw_rows_only, "label")
+    split = ShardedSplit(location, groups, list(COLUMNS), raw_rows_only, "label")
     preprocess = Preprocess(
         "encoded",
         job.data.image_size or 32,
@@ -419,7 +420,3 @@ def _parquet_train(job: Job, world_size: int) -> tuple[TrainUnits, int]:
     window = max(job.data.shuffle_row_groups, job.data.ray_data.shuffle_buffer_rows // most)
     read = ReadRowGroups(split, preprocess)
     return TrainUnits([i["hi"] - i["lo"] for i in items], items, read, window), rows
-
-
-def _raw_rows_only(table: Any, shard: str) -> tuple[torch.Tensor, torch.Tensor]:
-    raise RuntimeError("encoded image shards are decoded by Preprocess, not by the split")

@@ -190,6 +190,12 @@ def from_columns(columns: dict[str, Any]) -> Any:
 Transform = Preprocess | ReadRowGroups | ReadChunks
 
 
+def raw_rows_only(table: Any, shard: str) -> Any:
+    """The ``decode`` of an encoded image shard's split: its rows are decoded by the map
+    stage's ``Preprocess`` (``ReadRowGroups``), never by the split (and so with no torch)."""
+    raise RuntimeError("encoded image shards are decoded by Preprocess, not by the split")
+
+
 def run_transform(preprocess: Transform, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The map stage's function (a module-level one, so that Ray pickles it by reference)."""
     return preprocess(batch)

@@ -10,6 +10,9 @@ single-process evaluation can treat it as any dataset.
 ``s3://`` goes through pyarrow's S3 file system configured as the run's storage is (AWS
 credentials and region the standard way, ``AWS_ENDPOINT_URL`` for an S3-compatible server):
 the same settings serve checkpoints and data.
+
+Imports no torch (its decoders do): a Ray Data task that reads an encoded image shard's row
+groups unpickles a split and decodes the rows with Pillow and numpy alone.
 """
 
 from __future__ import annotations
@@ -22,17 +25,18 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from convoy.errors import ConfigError
 from convoy.storage import is_remote
 
+if TYPE_CHECKING:
+    import torch
+
 OPEN_SHARDS = 4
 """Shards a reading thread keeps open: a window's row groups come from a few shards."""
 
-Decode = Callable[[Any, str], tuple[torch.Tensor, torch.Tensor]]
+Decode = Callable[[Any, str], "tuple[torch.Tensor, torch.Tensor]"]
 """(a pyarrow table of one row group, its shard's name) -> (inputs, targets)."""
 
 
@@ -234,6 +238,8 @@ class ShardedSplit:
 
     def targets_head(self, limit: int) -> torch.Tensor:
         """The first ``limit`` targets, read from the target column alone (no inputs decoded)."""
+        import torch  # see the module's docstring
+
         values: list[Any] = []
         column = self.target_column
         for position in range(len(self.groups)):
