@@ -25,6 +25,7 @@ import random
 import shutil
 import tempfile
 import time
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,17 @@ from convoy.checkpoint_listing import read_meta as read_meta
 from convoy.distributed import WorkerContext, barrier, is_distributed
 from convoy.errors import ConvoyError
 from convoy.storage import RunStorage, StorageError
+
+
+@contextlib.contextmanager
+def without_dcp_group_warning() -> Iterator[None]:
+    """Around a DCP save or load without a process group: DCP warns on every such call
+    ("torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to
+    save in a single process"), even when ``no_dist`` asks for it. Here it is the intent: one
+    process (a ``local`` run of one worker, an export) or rank 0 saving alone."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
+        yield
 
 
 @dataclass(frozen=True)
@@ -220,12 +232,13 @@ class CheckpointManager:
             **extra,
         }
         if asynchronous:
-            future = dcp.async_save(
-                state,
-                checkpoint_id=written_to,
-                process_group=self._background_group(),
-                no_dist=not is_distributed(),
-            )
+            with without_dcp_group_warning():
+                future = dcp.async_save(
+                    state,
+                    checkpoint_id=written_to,
+                    process_group=self._background_group(),
+                    no_dist=not is_distributed(),
+                )
             pending = _PendingSave(future, meta, name, written_to, started)
             # A plain Future here (no staging future was asked for).
             future.add_done_callback(  # type: ignore[union-attr]
@@ -233,7 +246,7 @@ class CheckpointManager:
             )
             self._pending = pending
             return name
-        with self._storage_errors(name):
+        with self._storage_errors(name), without_dcp_group_warning():
             dcp.save(state, checkpoint_id=written_to, no_dist=self._alone or not is_distributed())
         meta["save_seconds"] = time.perf_counter() - started
         self._publish(meta, name, written_to)
@@ -353,7 +366,7 @@ class CheckpointManager:
         name = preferred if preferred in found else found[-1]
         meta = read_meta(self.storage, name)
         model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
-        with local_copy(self.storage, name) as path:
+        with local_copy(self.storage, name) as path, without_dcp_group_warning():
             check_model_keys(path, name, set(model_state))
             dcp.load(
                 {"model": model_state, "optim": optim_state},

@@ -3,6 +3,7 @@ checkpoint manager's choice of what to resume from."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,23 @@ def test_a_checkpoint_of_another_model_is_refused_in_one_line(tmp_path: Path) ->
         "holds bias and 1 more."
     )
     assert committed_checkpoints(storage) == ["step_00000001", "step_00000002"]
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_one_process_saves_and_resumes_without_dcps_no_group_warning(
+    tmp_path: Path, asynchronous: bool
+) -> None:
+    """A ``local`` run of one worker has no process group, and DCP warns on every save and
+    load without one ("assuming the intent is to save in a single process"): that is the
+    intent, so the run's output does not carry torch's warning."""
+    storage = RunStorage.at(tmp_path / "run")
+    model = nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    manager = CheckpointManager(storage, WorkerContext(), keep_latest=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        manager.save(Position(1, 0, 1), model, optimizer, {}, asynchronous=asynchronous)
+        manager.wait()
+        assert manager.load_latest(model, optimizer) is not None
+    assert committed_checkpoints(storage) == ["step_00000001"]
+    assert [str(w.message) for w in caught if "torch.distributed" in str(w.message)] == []

@@ -11,12 +11,10 @@ as without LoRA. Unlike every other export this holds the whole model in one pro
 
 from __future__ import annotations
 
-import warnings
-
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from convoy.checkpoint import local_copy
+from convoy.checkpoint import local_copy, without_dcp_group_warning
 from convoy.errors import ConvoyError
 from convoy.export.consolidate import SavedCheckpoint
 from convoy.export.shards import checkpoint_tensors
@@ -31,11 +29,9 @@ def adapted_model(saved: SavedCheckpoint) -> nn.Module:
     model = build_initial(
         job.model.name, job.model.kwargs, saved.meta["data_shape"], job.run.seed, job.model.lora
     )
-    with local_copy(saved.run, saved.name) as path, warnings.catch_warnings():
+    with local_copy(saved.run, saved.name) as path, without_dcp_group_warning():
         held = checkpoint_tensors(path)
         state = {k: v for k, v in model.state_dict().items() if k in held}
-        # no_dist=True is the point here: DCP's warning that there is no process group is noise.
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
         dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
     missing = sorted(k for k in held if k not in state)
     if missing:

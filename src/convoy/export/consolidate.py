@@ -14,7 +14,6 @@ keeps beside its weights, so that ``convoy evaluate`` can rebuild the job's data
 from __future__ import annotations
 
 import json
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from convoy.checkpoint import checkpoint_path, local_copy, read_meta
+from convoy.checkpoint import checkpoint_path, local_copy, read_meta, without_dcp_group_warning
 from convoy.config import Job, job_from_saved
 from convoy.export.choice import choose_checkpoint
 from convoy.models.registry import build_model
@@ -72,9 +71,7 @@ def consolidated_model(saved: SavedCheckpoint) -> nn.Module:
     shards of whatever strategy and world size saved them."""
     model = build_job_model(saved.job, saved.meta["data_shape"])
     state = model.state_dict()
-    # no_dist=True is the point here: DCP's warning that there is no process group is noise.
-    with local_copy(saved.run, saved.name) as path, warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with local_copy(saved.run, saved.name) as path, without_dcp_group_warning():
         dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
     # The state's tensors are mostly the parameters themselves (loaded in place, no copy);
     # loading them back covers a model whose state_dict hooks hand out other tensors.

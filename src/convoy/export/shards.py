@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import math
 import re
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +27,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from convoy.checkpoint import without_dcp_group_warning
 from convoy.errors import ConfigError, ConvoyError
 
 WEIGHTS_FILE = "model.safetensors"
@@ -125,9 +125,7 @@ def shard_files(count: int) -> list[str]:
 def read_tensors(path: Path, entries: list[TensorEntry]) -> dict[str, torch.Tensor]:
     """These tensors of the DCP checkpoint at ``path`` (only these are read), by name."""
     targets = {entry.key: torch.empty(entry.shape, dtype=entry.dtype) for entry in entries}
-    # no_dist=True is the point here: DCP's warning that there is no process group is noise.
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+    with without_dcp_group_warning():
         dcp.load({"model": targets}, checkpoint_id=path, no_dist=True)
     return {entry.name: targets[entry.key] for entry in entries}
 
