@@ -118,13 +118,23 @@ def test_every_sample_once_per_epoch_and_every_eval_row_once(tmp_path: Path, ray
     assert sampler.steps_per_epoch * 32 == 2 * 39 * 16
 
 
-def test_ray_data_reaches_the_torch_bar_and_evaluates_exactly(tmp_path: Path, ray_session) -> None:  # type: ignore[no-untyped-def]
+# Ray Data's notes and progress, which stay in its own log (ray-data.log in Ray's logs).
+RAY_DATA_NOTES = ("Running Dataset", "MapBatches(", "execution finished", "streaming_executor")
+
+
+def test_ray_data_reaches_the_torch_bar_and_evaluates_exactly(
+    tmp_path: Path, ray_session, capfd: pytest.CaptureFixture[str]
+) -> None:  # type: ignore[no-untyped-def]
     """digits_mlp (4 of its 8 epochs: the torch loader reaches 96-98% by then) through Ray
     Data on 2 CPUs: it completes, reaches the bar the torch loader reaches, and its 2-rank test
     metrics equal a single-process evaluation of the same weights on the 359-sample (odd) test
-    split."""
+    split. Ray Data's notes and progress bars (a pipeline per epoch and evaluation on every
+    rank) stay off the terminal, between the run's own lines."""
     job = digits_job(tmp_path, "run.name=ray-data", "run.epochs=4")
     result = convoy.train(job)
+    terminal = "".join(capfd.readouterr())
+    assert "world_rank=1" in terminal  # what is shown of the run is there
+    assert [line for line in terminal.splitlines() if any(n in line for n in RAY_DATA_NOTES)] == []
     metrics = result.summary["metrics"]
     assert metrics["test/acc"] >= 0.93
     assert metrics["test/samples"] == 359

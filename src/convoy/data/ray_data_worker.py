@@ -20,7 +20,7 @@ import torch
 from convoy.config import Job
 from convoy.data.base import Batch
 from convoy.data.loaders import WorkerData
-from convoy.data.ray_data import EVAL_SPLITS, preprocessed
+from convoy.data.ray_data import EVAL_SPLITS, keep_ray_data_notes_off_the_terminal, preprocessed
 from convoy.data.ray_data_stages import ReadRowGroups, TrainUnits, from_columns
 from convoy.data.streaming import PlannedTrainBatches, Rows
 
@@ -175,6 +175,7 @@ def ray_worker_data(job: Job, info: dict[str, Any], rank: int, world_size: int) 
     import ray.data  # the ray extra
     import ray.train
 
+    keep_ray_data_notes_off_the_terminal()
     accum = job.optim.grad_accum_steps
     micro = job.data.batch_size // (world_size * accum)
     # Every rank runs its own pipeline: together they keep to one pipeline's share of the
