@@ -104,6 +104,7 @@ def test_ctrl_c_saves_the_step_says_how_to_resume_and_leaves_nothing_running(
     tail = output[-4000:]
     assert process.returncode == STOPPED_EXIT_CODE, tail
     assert "Traceback" not in output, tail
+    assert "OMP_NUM_THREADS" not in output, tail  # torchrun's banner: Convoy sets it
     stopped = [line for line in output.splitlines() if line.startswith("convoy: stopped on")]
     assert len(stopped) == 1, tail  # said once
     stop_step = logged_steps(run_dir)[-1]

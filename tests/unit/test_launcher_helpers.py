@@ -19,6 +19,7 @@ from convoy.config import load_job
 from convoy.distributed import (
     WorkerContext,
     cgroup_cpu_quota,
+    default_threads,
     free_port,
     usable_cpus,
     worker_threads,
@@ -38,6 +39,7 @@ from convoy.launchers.torchrun import (
     procs_per_node,
     stopping_the_agent,
     torchrun_command,
+    worker_environment,
 )
 from convoy.network import interface_with_address, socket_interface_env
 
@@ -1047,3 +1049,19 @@ def test_a_process_group_shutdown_that_hangs_is_given_up_with_a_warning(
     ]
     assert waited == [7]
     assert "Torch process group shutdown timed out after 7 seconds" in caplog.text
+
+
+def test_torchrun_workers_get_their_thread_count_in_omp_num_threads(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torchrun sets OMP_NUM_THREADS=1 and prints a five-line banner when it is unset;
+    Convoy sets the threads each worker uses (what the worker gives torch) and keeps the
+    user's own value."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    endpoint = "127.0.0.1:29400"
+    job = load_job(None, ["scaling.launcher=torchrun", "scaling.num_workers=2"])
+    assert worker_environment(job, endpoint)["OMP_NUM_THREADS"] == str(default_threads(2))
+    pinned = load_job(None, ["scaling.launcher=torchrun", "scaling.threads_per_worker=3"])
+    assert worker_environment(pinned, endpoint)["OMP_NUM_THREADS"] == "3"
+    monkeypatch.setenv("OMP_NUM_THREADS", "5")
+    assert worker_environment(pinned, endpoint)["OMP_NUM_THREADS"] == "5"

@@ -31,7 +31,7 @@ from convoy.config import (
     nodes_range,
     torchrun_layout,
 )
-from convoy.distributed import WorkerContext, exit_without_teardown
+from convoy.distributed import WorkerContext, default_threads, exit_without_teardown
 from convoy.engine.stop import (
     STOPPED_EXIT_CODE,
     STOPPED_FILE,
@@ -251,9 +251,15 @@ def stopping_the_agent(signal_exception: Any) -> Iterator[None]:
 
 
 def worker_environment(job: Job, endpoint: str) -> dict[str, str]:
-    """The workers' environment: gloo / NCCL on the interface of this node's address."""
+    """The workers' environment: gloo / NCCL on the interface of this node's address, and
+    ``OMP_NUM_THREADS`` at the threads each worker will use (``scaling.threads_per_worker``,
+    else its share of this node's CPUs), unless the user set it: without it, torchrun sets 1
+    and prints a five-line banner asking for it to be tuned."""
     local_addr = node_address(job, endpoint)
-    return {**os.environ, **(socket_interface_env(local_addr) if local_addr else {})}
+    env = {**os.environ, **(socket_interface_env(local_addr) if local_addr else {})}
+    threads = job.scaling.threads_per_worker or default_threads(procs_per_node(job))
+    env.setdefault("OMP_NUM_THREADS", str(threads))
+    return env
 
 
 class TorchrunLauncher(Launcher):
