@@ -224,3 +224,31 @@ def test_a_sweep_tune_left_running_is_to_be_resumed_even_where_its_rows_finished
     rows = [TrialRow("a", {}, 0.5, 2, "finished", {}, tmp_path)]
     outcome = SweepOutcome([SimpleNamespace(status=tune_status)], 1, 1.0, 0)
     assert interrupted(sweep, outcome, rows) is resume
+
+
+def test_a_space_that_draws_nothing_is_enumerated_once(tmp_path: Path) -> None:
+    """Random search over grid dims alone draws nothing: its default is one pass over the grid
+    (not 8 repeats of the same trials with the same seed), and a new sweep asking for repeats
+    is told how to repeat over seeds instead; a resumed sweep keeps what it started with."""
+    space = tmp_path / "space.yaml"
+    space.write_text("optim.lr: {grid: [3.0e-3, 1.0e-3]}\n")
+    storage = f"run.storage_dir={tmp_path / 'runs'}"
+    sweep = plan_sweep(None, [storage], str(space))
+    assert (sweep.samples, sweep.trials) == (1, 2)
+    with pytest.raises(SweepError) as error:
+        plan_sweep(None, [storage], str(space), samples=3)
+    assert str(error.value).startswith("--samples: got 3; this space draws nothing at random")
+    assert "run.seed: {grid: [0, 1, 2]}" in str(error.value)
+    seeds = tmp_path / "seeds.yaml"
+    seeds.write_text("optim.lr: {grid: [3.0e-3, 1.0e-3]}\nrun.seed: {grid: [0, 1, 2]}\n")
+    assert plan_sweep(None, [storage], str(seeds)).trials == 6
+    with pytest.raises(SweepError, match="--resume: no sweep to resume"):
+        plan_sweep(None, [storage], str(space), samples=3, name="old", resume=True)
+    drawn = tmp_path / "drawn.yaml"
+    drawn.write_text(
+        "optim.lr: {loguniform: [1.0e-4, 3.0e-3]}\ndata.batch_size: {grid: [32, 64]}\n"
+    )
+    assert (
+        plan_sweep(None, [storage], str(drawn)).samples,
+        plan_sweep(None, [storage], str(drawn)).trials,
+    ) == (8, 16)

@@ -80,7 +80,8 @@ def _add_scheduler_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--samples",
         type=int,
-        help="draws (random, optuna; default 8) or repeats of the grid (grid; default 1)",
+        help="draws for each grid combination (random) or trials (optuna); default 8, and 1 "
+        "where the space draws nothing (grid dims only, or --search grid)",
     )
     parser.add_argument(
         "--max-concurrent",

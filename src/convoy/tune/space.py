@@ -221,6 +221,15 @@ def check_search(dims: list[Dim], search: str, source: str = "space") -> None:
         )
 
 
+def draws_at_random(dims: list[Dim], search: str) -> bool:
+    """Whether a sweep's trials draw values at random (so that repeating them differs):
+    ``optuna`` does; ``random`` does where a dim is not a grid (a grid is enumerated);
+    ``grid`` enumerates every dim."""
+    if search == "optuna":
+        return True
+    return search == "random" and any(d.kind != "grid" for d in dims)
+
+
 def trial_count(dims: list[Dim], search: str, samples: int) -> int:
     """How many trials the sweep runs, as Ray Tune counts them.
 

@@ -45,6 +45,7 @@ from convoy.tune.space import (
     Dim,
     check_search,
     check_space,
+    draws_at_random,
     job_with,
     load_space,
     trial_count,
@@ -155,7 +156,8 @@ def plan_sweep(
     job, data = _trial_recipe(recipe, overrides)
     dims = load_space(space)
     check_search(dims, search, space)
-    samples = _check_counts(job, search, samples, max_concurrent, grace_epochs, reduction_factor)
+    samples = _check_samples(dims, search, samples, resume)
+    _check_counts(job, search, max_concurrent, grace_epochs, reduction_factor)
     scheduler = _check_scheduler(scheduler)
     if resume and not name:
         raise SweepError("--resume: name the sweep to continue with --name SWEEP")
@@ -244,18 +246,32 @@ def _check_mode(mode: str) -> str:
     return mode
 
 
+def _check_samples(dims: list[Dim], search: str, samples: int | None, resume: bool) -> int:
+    """``--samples``, or its default: ``DEFAULT_SAMPLES`` draws where the space draws values
+    at random, else 1 (a grid is enumerated whole once). Repeating a space that draws nothing
+    trains the same trials again with the same seed, so a new sweep is refused that; a
+    resumed one keeps what it was started with."""
+    random = draws_at_random(dims, search)
+    if samples is None:
+        return DEFAULT_SAMPLES if random else 1
+    if samples < 1:
+        raise SweepError(f"--samples: got {samples}; at least 1")
+    if samples > 1 and not random and not resume:
+        raise SweepError(
+            f"--samples: got {samples}; this space draws nothing at random (it is enumerated "
+            "whole), so every repeat would train the same trials with the same seed: leave "
+            "--samples out, or repeat over seeds with run.seed: {grid: [0, 1, 2]} in the space"
+        )
+    return samples
+
+
 def _check_counts(
     job: Job,
     search: str,
-    samples: int | None,
     max_concurrent: int | None,
     grace_epochs: int,
     reduction_factor: float,
-) -> int:
-    if samples is None:
-        samples = 1 if search == "grid" else DEFAULT_SAMPLES
-    if samples < 1:
-        raise SweepError(f"--samples: got {samples}; at least 1")
+) -> None:
     if max_concurrent is not None and max_concurrent < 1:
         raise SweepError(f"--max-concurrent: got {max_concurrent}; at least 1")
     if not 1 <= grace_epochs <= job.run.epochs:
@@ -266,7 +282,6 @@ def _check_counts(
         raise SweepError(f"--reduction-factor: got {reduction_factor:g}; more than 1")
     if search == "optuna":
         check_optuna()
-    return samples
 
 
 def _check_scheduler(scheduler: str | None) -> str:
