@@ -37,6 +37,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
     get_state_dict,
@@ -371,6 +372,13 @@ class CheckpointManager:
             dcp.load(
                 {"model": model_state, "optim": optim_state},
                 checkpoint_id=path,
+                # FSDP1's ShardedTensors: torch's default "flattening" of them (meant for
+                # FSDP1 nested in tensor parallelism, which Convoy does not build) drops those
+                # with no shard on this rank (a small parameter whole on another rank, e.g. a
+                # ViT's cls_token), and DCP then takes the missing keys for a pre-2.4
+                # checkpoint and fails ("Missing key in checkpoint state_dict:
+                # optim.param_groups"). Kept as they are, every rank plans its own shards.
+                planner=DefaultLoadPlanner(flatten_sharded_tensors=False),
                 no_dist=not is_distributed(),
             )
             rng_file = path / f"rng_rank{self.ctx.rank}.json"

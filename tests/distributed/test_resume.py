@@ -111,7 +111,13 @@ def saved_runs(
 
 @pytest.mark.parametrize(
     ("strategy", "workers", "extra"),
-    [("single", 1, ()), ("ddp", 2, ()), ("fsdp2", 2, ()), ("fsdp2", 2, TENSOR_PARALLEL)],
+    [
+        ("single", 1, ()),
+        ("ddp", 2, ()),
+        ("fsdp", 2, ()),
+        ("fsdp2", 2, ()),
+        ("fsdp2", 2, TENSOR_PARALLEL),
+    ],
 )
 def test_resume_is_bitwise_exact(
     strategy: str,
@@ -119,11 +125,17 @@ def test_resume_is_bitwise_exact(
     extra: tuple[str, ...],
     tmp_path: Path,
     saved_runs: Callable[[str, int, tuple[str, ...]], SavedRuns],
+    capfd: pytest.CaptureFixture[str],
 ) -> None:
+    """Resumed from step 5, the run ends on the uninterrupted run's weights, bit for bit; its
+    saves and its resume print none of torch's warnings about itself (DCP's single-process
+    note, FSDP1's ShardedTensor deprecations on every rank)."""
     saved = saved_runs(strategy, workers, extra)
     saved.copy(saved.stopped, tmp_path, "stopped")
     stopped = stopped_job(tmp_path, strategy, workers, *extra)
+    capfd.readouterr()
     run(stopped, workers)  # the same run name again: resumes from step 5
+    assert "Warning:" not in capfd.readouterr().err
     expected, resumed = saved.final, final_model(stopped, tmp_path)
     assert expected.keys() == resumed.keys()
     for name, tensor in expected.items():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -25,6 +26,14 @@ from convoy.strategies.base import (
     Sharding,
     Strategy,
     transformer_blocks,
+)
+
+# FSDP1's sharded state dict (every checkpoint, on every rank) goes through torch's own
+# deprecated paths (ShardedTensor, ``_get_pg_default_device``), and torch warns about itself
+# there: nothing a user can act on, so these stay out of the run's output.
+TORCH_INTERNAL_WARNINGS = (  # (category, message, module), as warnings.filterwarnings takes
+    (FutureWarning, "Please use DTensor instead and we are deprecating ShardedTensor", "torch"),
+    (UserWarning, "", r"torch\.distributed\.fsdp\._shard_utils"),
 )
 
 SHARDING = {
@@ -65,6 +74,8 @@ class FSDPStrategy(Strategy):
         return 3.0 if cfg.sharding == "full_shard" else 2.0
 
     def wrap(self, model: nn.Module, weights: InitialWeights | None = None) -> nn.Module:
+        for category, message, module in TORCH_INTERNAL_WARNINGS:
+            warnings.filterwarnings("ignore", message, category, module)
         block_classes = {type(block) for block in transformer_blocks(model)}
         policy = (
             functools.partial(transformer_auto_wrap_policy, transformer_layer_cls=block_classes)
