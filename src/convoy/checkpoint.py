@@ -60,16 +60,18 @@ from convoy.distributed import WorkerContext, barrier, is_distributed
 from convoy.errors import ConvoyError
 from convoy.storage import RunStorage, StorageError
 
+DCP_GROUP_WARNING = "torch.distributed is (disabled|unavailable)"
+DCP_MODULES = r"torch\.distributed\.checkpoint"
 
-@contextlib.contextmanager
-def without_dcp_group_warning() -> Iterator[None]:
-    """Around a DCP save or load without a process group: DCP warns on every such call
+
+def ignore_dcp_group_warning() -> None:
+    """From now on in this process, DCP's warning on a save or load without a process group
     ("torch.distributed is disabled, unavailable or uninitialized, assuming the intent is to
-    save in a single process"), even when ``no_dist`` asks for it. Here it is the intent: one
-    process (a ``local`` run of one worker, an export) or rank 0 saving alone."""
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message="torch.distributed is (disabled|unavailable)")
-        yield
+    save in a single process") is not shown: torch 2.13 gives it on every such call, even when
+    ``no_dist`` asks for one, and here that is the intent (a ``local`` run of one worker, an
+    export, rank 0 saving alone). Process-wide rather than around each call: an asynchronous
+    save warns later, from torch's writer thread."""
+    warnings.filterwarnings("ignore", DCP_GROUP_WARNING, UserWarning, DCP_MODULES)
 
 
 @dataclass(frozen=True)
@@ -233,13 +235,13 @@ class CheckpointManager:
             **extra,
         }
         if asynchronous:
-            with without_dcp_group_warning():
-                future = dcp.async_save(
-                    state,
-                    checkpoint_id=written_to,
-                    process_group=self._background_group(),
-                    no_dist=not is_distributed(),
-                )
+            ignore_dcp_group_warning()
+            future = dcp.async_save(
+                state,
+                checkpoint_id=written_to,
+                process_group=self._background_group(),
+                no_dist=not is_distributed(),
+            )
             pending = _PendingSave(future, meta, name, written_to, started)
             # A plain Future here (no staging future was asked for).
             future.add_done_callback(  # type: ignore[union-attr]
@@ -247,7 +249,8 @@ class CheckpointManager:
             )
             self._pending = pending
             return name
-        with self._storage_errors(name), without_dcp_group_warning():
+        ignore_dcp_group_warning()
+        with self._storage_errors(name):
             dcp.save(state, checkpoint_id=written_to, no_dist=self._alone or not is_distributed())
         meta["save_seconds"] = time.perf_counter() - started
         self._publish(meta, name, written_to)
@@ -367,7 +370,8 @@ class CheckpointManager:
         name = preferred if preferred in found else found[-1]
         meta = read_meta(self.storage, name)
         model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
-        with local_copy(self.storage, name) as path, without_dcp_group_warning():
+        ignore_dcp_group_warning()
+        with local_copy(self.storage, name) as path:
             check_model_keys(path, name, set(model_state))
             dcp.load(
                 {"model": model_state, "optim": optim_state},

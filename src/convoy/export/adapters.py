@@ -14,7 +14,7 @@ from __future__ import annotations
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from convoy.checkpoint import local_copy, without_dcp_group_warning
+from convoy.checkpoint import ignore_dcp_group_warning, local_copy
 from convoy.errors import ConvoyError
 from convoy.export.consolidate import SavedCheckpoint
 from convoy.export.shards import checkpoint_tensors
@@ -29,7 +29,8 @@ def adapted_model(saved: SavedCheckpoint) -> nn.Module:
     model = build_initial(
         job.model.name, job.model.kwargs, saved.meta["data_shape"], job.run.seed, job.model.lora
     )
-    with local_copy(saved.run, saved.name) as path, without_dcp_group_warning():
+    ignore_dcp_group_warning()
+    with local_copy(saved.run, saved.name) as path:
         held = checkpoint_tensors(path)
         state = {k: v for k, v in model.state_dict().items() if k in held}
         dcp.load({"model": state}, checkpoint_id=path, no_dist=True)

@@ -22,7 +22,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 
-from convoy.checkpoint import checkpoint_path, local_copy, read_meta, without_dcp_group_warning
+from convoy.checkpoint import checkpoint_path, ignore_dcp_group_warning, local_copy, read_meta
 from convoy.config import Job, job_from_saved
 from convoy.export.choice import choose_checkpoint
 from convoy.models.registry import build_model
@@ -71,7 +71,8 @@ def consolidated_model(saved: SavedCheckpoint) -> nn.Module:
     shards of whatever strategy and world size saved them."""
     model = build_job_model(saved.job, saved.meta["data_shape"])
     state = model.state_dict()
-    with local_copy(saved.run, saved.name) as path, without_dcp_group_warning():
+    ignore_dcp_group_warning()
+    with local_copy(saved.run, saved.name) as path:
         dcp.load({"model": state}, checkpoint_id=path, no_dist=True)
     # The state's tensors are mostly the parameters themselves (loaded in place, no copy);
     # loading them back covers a model whose state_dict hooks hand out other tensors.

@@ -27,7 +27,7 @@ import torch.distributed.checkpoint as dcp
 from safetensors.torch import load_file, save_file
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-from convoy.checkpoint import without_dcp_group_warning
+from convoy.checkpoint import ignore_dcp_group_warning
 from convoy.errors import ConfigError, ConvoyError
 
 WEIGHTS_FILE = "model.safetensors"
@@ -125,8 +125,8 @@ def shard_files(count: int) -> list[str]:
 def read_tensors(path: Path, entries: list[TensorEntry]) -> dict[str, torch.Tensor]:
     """These tensors of the DCP checkpoint at ``path`` (only these are read), by name."""
     targets = {entry.key: torch.empty(entry.shape, dtype=entry.dtype) for entry in entries}
-    with without_dcp_group_warning():
-        dcp.load({"model": targets}, checkpoint_id=path, no_dist=True)
+    ignore_dcp_group_warning()
+    dcp.load({"model": targets}, checkpoint_id=path, no_dist=True)
     return {entry.name: targets[entry.key] for entry in entries}
 
 
