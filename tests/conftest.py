@@ -206,7 +206,8 @@ class SessionRay:
 
 # The session's Ray serves every run of its modules from one driver, so the processes that
 # ran Ray Data's tasks (each has imported Ray Data's and Convoy's data modules, and torch for
-# a streamed source or augmented images: 1-2.5 CPU-s) can serve the next run's. Ray keeps idle ones only while it holds fewer workers than this
+# a streamed source or augmented images: 1-2.5 CPU-s) can serve the next run's. Ray keeps
+# idle ones only while it holds fewer workers than this
 # (its default: one per CPU, which a run's actors alone exceed on 2 cores); measured on
 # test_encoded_images_decode_in_ray_data, two runs: 4 task processes -> 2, 77.8 -> 72.2 CPU-s.
 SESSION_RAY_ENV = {"RAY_num_workers_soft_limit": "8"}

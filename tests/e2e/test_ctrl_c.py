@@ -80,6 +80,7 @@ def test_ctrl_c_saves_the_step_says_how_to_resume_and_leaves_nothing_running(
     mark = f"{MARK}={uuid.uuid4().hex}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_ADDRESS")}
     env.pop("RAY_API_SERVER_ADDRESS", None)
+    env.pop("OMP_NUM_THREADS", None)  # as in a fresh terminal: torchrun's banner would ask for it
     key, _, value = mark.partition("=")
     # A Ray folder of this test's own: its private Ray finds no other Ray to join.
     env.update({key: value, "RAY_TMPDIR": str(short_tmp_path), "PYTHONUNBUFFERED": "1"})

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -244,6 +245,14 @@ def test_a_space_that_draws_nothing_is_enumerated_once(tmp_path: Path) -> None:
     assert plan_sweep(None, [storage], str(seeds)).trials == 6
     with pytest.raises(SweepError, match="--resume: no sweep to resume"):
         plan_sweep(None, [storage], str(space), samples=3, name="old", resume=True)
+    # A sweep started under the old default (8 repeats) resumes, without --samples, as started.
+    started = plan_sweep(None, [storage], str(space), name="old")
+    started.sweep_dir.mkdir(parents=True)
+    (started.sweep_dir / "sweep.json").write_text(json.dumps({**started.record(), "samples": 8}))
+    started.tune_dir.mkdir()
+    (started.tune_dir / "tuner.pkl").write_bytes(b"")
+    resumed = plan_sweep(None, [storage], str(space), name="old", resume=True)
+    assert (resumed.samples, resumed.trials) == (8, 16)
     drawn = tmp_path / "drawn.yaml"
     drawn.write_text(
         "optim.lr: {loguniform: [1.0e-4, 3.0e-3]}\ndata.batch_size: {grid: [32, 64]}\n"

@@ -49,6 +49,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -372,17 +373,24 @@ def build_ray_data(job: Job, world_size: int) -> RayDataPlan:
 
 def keep_ray_data_notes_off_the_terminal() -> None:
     """In this process (the driver, a train worker), Ray Data's notes (each dataset's start,
-    plan and end) and its progress go to Ray Data's log (``ray-data.log`` in Ray's session
-    logs) instead of between the run's lines; its warnings and errors still reach the
-    terminal. Each rank runs a pipeline per epoch and per evaluation: their bars were 430 of
-    a 2-epoch digits run's 1,301 lines. Progress is logged, not drawn (``use_ray_tqdm``
-    off): a worker's bars would reach the driver's terminal through Ray's tqdm relay."""
+    plan and end, and its progress where the output is not a terminal) go to Ray Data's log
+    (``ray-data.log`` in Ray's session logs) instead of between the run's lines; its warnings
+    and errors still reach the terminal. Each rank runs a pipeline per epoch and per
+    evaluation: their notes and bars were 430 of a 2-epoch digits run's 1,301 lines. The
+    workers' progress is logged, not drawn (``use_ray_tqdm`` off: their bars would reach the
+    driver's terminal through Ray's tqdm relay); on a terminal the driver's own short
+    pipelines (the evaluation chunks it prepares) still draw Ray Data's bars. A logging
+    config the user gave Ray Data (``RAY_DATA_LOGGING_CONFIG``) is left as it is."""
     import ray.data  # the ray extra
 
     ray.data.DataContext.get_current().use_ray_tqdm = False
+    if os.environ.get("RAY_DATA_LOGGING_CONFIG"):
+        return
     for handler in logging.getLogger("ray.data").handlers:
-        # Ray Data's console handler; its file handler is not a stream handler.
-        if isinstance(handler, logging.StreamHandler):
+        # Ray Data's console handler (its files are written by handlers of their own).
+        if isinstance(handler, logging.StreamHandler) and not isinstance(
+            handler, logging.FileHandler
+        ):
             handler.setLevel(max(handler.level, logging.WARNING))
 
 

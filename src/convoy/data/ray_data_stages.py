@@ -4,11 +4,12 @@ train units each worker is handed (``TrainUnits``), with the column helpers they
 Imports no torch: Ray Train's controller unpickles these with the run's config and datasets
 and never runs them, and torch would be its dearest import (1-1.3 CPU-s and a few hundred
 MB per run). The methods that use torch import it when they first run, in the Ray Data
-tasks and the train workers. Without augmentation, an array source (scaled and normalized in
-numpy) and an image folder (decoded by ``convoy.data.image_records``) need no torch: their
-Ray Data tasks import none (about 1.5 CPU-s a task worker). A streamed source's ``ReadRowGroups`` holds its
-``ShardedSplit`` and the split's row reader (in ``convoy.data.ray_data``), whose modules do
-import torch: the controller of such a run still does.
+tasks and the train workers. Without augmentation, images need no torch: an array source is
+scaled and normalized in numpy, an image folder and its parquet conversion decode through
+``convoy.data.image_records``, and their Ray Data tasks import none (about 1.5 CPU-s a task
+worker). A streamed sensor series or text corpus's ``ReadRowGroups`` holds its
+``ShardedSplit`` with the source's decoder, whose module imports torch: that run's controller
+and tasks still do.
 """
 
 from __future__ import annotations

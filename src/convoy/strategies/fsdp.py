@@ -32,8 +32,13 @@ from convoy.strategies.base import (
 # deprecated paths (ShardedTensor, ``_get_pg_default_device``), and torch warns about itself
 # there: nothing a user can act on, so these stay out of the run's output.
 TORCH_INTERNAL_WARNINGS = (  # (category, message, module), as warnings.filterwarnings takes
-    (FutureWarning, "Please use DTensor instead and we are deprecating ShardedTensor", "torch"),
-    (UserWarning, "", r"torch\.distributed\.fsdp\._shard_utils"),
+    (FutureWarning, "Please use DTensor instead and we are deprecating ShardedTensor", r"torch\."),
+    (UserWarning, "`_get_pg_default_device` will be deprecated", r"torch\.distributed\.fsdp"),
+    (
+        UserWarning,
+        "Multiple backends are registered with this ProcessGroup",
+        r"torch\.distributed\.fsdp",
+    ),
 )
 
 SHARDING = {

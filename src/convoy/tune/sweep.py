@@ -156,13 +156,15 @@ def plan_sweep(
     job, data = _trial_recipe(recipe, overrides)
     dims = load_space(space)
     check_search(dims, search, space)
-    samples = _check_samples(dims, search, samples, resume)
-    _check_counts(job, search, max_concurrent, grace_epochs, reduction_factor)
-    scheduler = _check_scheduler(scheduler)
     if resume and not name:
         raise SweepError("--resume: name the sweep to continue with --name SWEEP")
     name = name or _default_name(recipe)
     sweep_dir = Path(job.run.storage_dir).expanduser().resolve() / name
+    if resume and samples is None:
+        samples = _saved_samples(sweep_dir)  # as started, whatever today's default
+    samples = _check_samples(dims, search, samples, resume)
+    _check_counts(job, search, max_concurrent, grace_epochs, reduction_factor)
+    scheduler = _check_scheduler(scheduler)
     data = set_field(data, "run.storage_dir", str(sweep_dir))
     data.get("run", {}).pop("name", None)
     jobs = check_space(data, dims, space)
@@ -244,6 +246,16 @@ def _check_mode(mode: str) -> str:
     if mode not in ("min", "max"):
         raise SweepError(f"--mode: got {mode!r}; {one_of(('min', 'max'))}")
     return mode
+
+
+def _saved_samples(sweep_dir: Path) -> int | None:
+    """The ``--samples`` a sweep was started with (its plan file), or None where there is no
+    plan to read (``check_resume`` then says so)."""
+    plan = sweep_dir / PLAN_FILE
+    if not plan.is_file():
+        return None
+    saved = json.loads(plan.read_text()).get("samples")
+    return saved if isinstance(saved, int) else None
 
 
 def _check_samples(dims: list[Dim], search: str, samples: int | None, resume: bool) -> int:
