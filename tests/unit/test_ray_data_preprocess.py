@@ -226,3 +226,36 @@ def test_what_ray_trains_controller_unpickles_of_a_ray_data_run_imports_no_torch
     done = subprocess.run([sys.executable, "-c", probe], input=blob, capture_output=True)
     assert done.returncode == 0, done.stderr.decode()
     assert done.stdout.decode().strip() == "['convoy.data.ray_data_stages']"
+
+
+@pytest.mark.parametrize("user_config", [False, True])
+def test_ray_data_notes_leave_the_console_unless_the_user_configured_its_logging(
+    user_config: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ray Data's console handler is raised to warnings (its file handler untouched); under a
+    ``RAY_DATA_LOGGING_CONFIG`` of the user's, its handlers are left as they are."""
+    import logging
+
+    import ray.data
+
+    from convoy.data.ray_data import keep_ray_data_notes_off_the_terminal
+
+    handlers = logging.getLogger("ray.data").handlers
+    before = [(handler, handler.level) for handler in handlers]
+    context = ray.data.DataContext.get_current()
+    monkeypatch.setattr(context, "use_ray_tqdm", True)
+    if user_config:
+        monkeypatch.setenv("RAY_DATA_LOGGING_CONFIG", "/a/users/logging.yaml")
+    try:
+        keep_ray_data_notes_off_the_terminal()
+        console = [h for h in handlers if type(h).__name__ == "PlainRayHandler"]
+        files = [h for h in handlers if type(h).__name__ == "SessionFileHandler"]
+        assert console and files
+        # (an earlier run in this process may have raised it already: compared with before)
+        expected = [dict(before)[h] if user_config else logging.WARNING for h in console]
+        assert [h.level for h in console] == expected
+        assert all(h.level == dict(before)[h] for h in files)
+        assert context.use_ray_tqdm is False
+    finally:
+        for handler, level in before:
+            handler.setLevel(level)
