@@ -57,6 +57,7 @@ from convoy.checkpoint_listing import local_copy as local_copy
 from convoy.checkpoint_listing import partial_checkpoints as partial_checkpoints
 from convoy.checkpoint_listing import read_meta as read_meta
 from convoy.distributed import WorkerContext, barrier, is_distributed
+from convoy.dynamo_guard import dynamo_stand_in
 from convoy.errors import ConvoyError
 from convoy.storage import RunStorage, StorageError
 
@@ -225,7 +226,8 @@ class CheckpointManager:
         with self._storage_errors(name):
             written_to.mkdir(parents=True, exist_ok=True)
             _write_json(written_to / f"rng_rank{self.ctx.rank}.json", _rng_state())
-        model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
+        with dynamo_stand_in():  # it asks whether a module is compiled: none is without Dynamo
+            model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
         state = {"model": model_state, "optim": optim_state}
         meta = {
             "step": position.step,
@@ -369,7 +371,8 @@ class CheckpointManager:
             return None
         name = preferred if preferred in found else found[-1]
         meta = read_meta(self.storage, name)
-        model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
+        with dynamo_stand_in():
+            model_state, optim_state = get_state_dict(model, optimizer, options=self.options)
         ignore_dcp_group_warning()
         with local_copy(self.storage, name) as path:
             check_model_keys(path, name, set(model_state))
@@ -388,13 +391,14 @@ class CheckpointManager:
             rng_file = path / f"rng_rank{self.ctx.rank}.json"
             rng = json.loads(rng_file.read_text()) if rng_file.exists() else None
         # dcp.load fills the given state dicts in place.
-        set_state_dict(
-            model,
-            optimizer,
-            model_state_dict=model_state,
-            optim_state_dict=optim_state,
-            options=self.load_options,
-        )
+        with dynamo_stand_in():
+            set_state_dict(
+                model,
+                optimizer,
+                model_state_dict=model_state,
+                optim_state_dict=optim_state,
+                options=self.load_options,
+            )
         if meta["world_size"] == self.ctx.world_size and rng is not None:
             _set_rng_state(rng)
         self.save_seconds = meta.get("save_seconds")

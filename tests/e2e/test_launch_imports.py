@@ -1,18 +1,18 @@
-"""A launch imports what its job uses: the modules a worker holds at its first step.
+"""A launch imports what its job uses: the modules a worker holds after its first step.
 
 Every process a run starts pays its imports: each train worker, each restart, each sweep
 trial. A ``digits_mlp`` worker needs torch, Convoy and its data; it must not load a plotting
 library, transformers, scipy or torchmetrics (``import torchmetrics`` alone loads the three
 where they are installed, as here: every extra is installed for the tests), nor scikit-learn
-(the dataset is read from its cache). A ``single`` job must not load torch._dynamo either
-(1.5-2 CPU-s): nothing compiles. Under ``ddp`` (and FSDP2) torch's own constructors import
-it (``DistributedDataParallel.__init__`` reads a Dynamo setting, torch 2.13), so there it is
-allowed. sympy is allowed: torch.distributed.checkpoint, which writes the job's checkpoints,
-imports it with DTensor.
+(the dataset is read from its cache), nor torch._dynamo (1.5-2 CPU-s): nothing compiles.
+Under ``ddp`` torch would import it (``DistributedDataParallel.__init__`` reads a Dynamo
+setting and its forward takes a Dynamo guard, torch 2.13); ``convoy.dynamo_guard`` answers
+both while Dynamo is not loaded. (FSDP2's DTensor still imports it.) sympy is allowed:
+torch.distributed.checkpoint, which writes the job's checkpoints, imports it with DTensor.
 
 The workers are real: ``convoy train`` on ``local`` and on ``torchrun`` x 2 (fresh
 interpreters, not forks of the test process). A ``sitecustomize`` on ``PYTHONPATH`` has each
-worker write ``sys.modules`` when its first train step starts.
+worker write ``sys.modules`` when its first train step (forward, backward, optimizer) is done.
 """
 
 from __future__ import annotations
@@ -35,8 +35,8 @@ NEVER = ("matplotlib", "transformers", "scipy", "torchmetrics", "sklearn")
 a miss decodes it once with scikit-learn)."""
 DYNAMO = ("torch._dynamo",)
 
-# Wraps the engine's train step as the loop module is imported: the first call writes the
-# worker's modules to $CONVOY_TEST_MODULES/<pid>.json.
+# Wraps the engine's train step as the loop module is imported: the first call, once done,
+# writes the worker's modules to $CONVOY_TEST_MODULES/<pid>.json.
 SITECUSTOMIZE = textwrap.dedent(
     """
     import importlib.abc, importlib.machinery, json, os, sys
@@ -53,12 +53,13 @@ SITECUSTOMIZE = textwrap.dedent(
                 step = module.train_step
 
                 def first_step_writes_modules(*args, **kwargs):
+                    result = step(*args, **kwargs)
                     if not getattr(first_step_writes_modules, "written", False):
                         first_step_writes_modules.written = True
                         out = os.path.join(os.environ["CONVOY_TEST_MODULES"], f"{os.getpid()}.json")
                         with open(out, "w") as f:
                             json.dump(sorted(sys.modules), f)
-                    return step(*args, **kwargs)
+                    return result
 
                 module.train_step = first_step_writes_modules
 
@@ -81,7 +82,7 @@ def digits_in_the_cache() -> None:
 
 
 def worker_modules(tmp_path: Path, *overrides: str) -> list[set[str]]:
-    """``convoy train`` digits_mlp for two steps; each worker's modules at its first step."""
+    """``convoy train`` digits_mlp for two steps; each worker's modules once its first step is done."""
     hook, out = tmp_path / "hook", tmp_path / "modules"
     hook.mkdir()
     out.mkdir()
@@ -114,11 +115,13 @@ def test_a_single_worker_loads_no_plotting_text_scipy_metrics_or_dynamo(tmp_path
     assert loaded(modules, NEVER + DYNAMO) == []
 
 
-def test_ddp_workers_under_torchrun_load_no_plotting_text_scipy_or_metrics(tmp_path: Path) -> None:
+def test_ddp_workers_under_torchrun_load_no_plotting_text_scipy_metrics_or_dynamo(
+    tmp_path: Path,
+) -> None:
     workers = worker_modules(
         tmp_path, "strategy.name=ddp", "scaling.launcher=torchrun", "scaling.num_workers=2"
     )
     assert len(workers) == 2
     for modules in workers:
         assert "torch.nn.parallel.distributed" in modules
-        assert loaded(modules, NEVER) == []
+        assert loaded(modules, NEVER + DYNAMO) == []

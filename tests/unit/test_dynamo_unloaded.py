@@ -77,3 +77,67 @@ def test_a_step_and_a_flop_count_import_no_dynamo_until_something_does() -> None
     # Linear 4 -> 3 per sample: forward 2*4*3, weight gradient 2*4*3 (no input gradient).
     assert first == f"False {2 * (2 * 4 * 3) / 1:.1f}"
     assert second.startswith("torch._dynamo")  # torch's real guard took over
+
+
+# DDP over a one-process gloo group, in a fresh interpreter: its steps and its state dicts (a
+# checkpoint's) without Dynamo, then a DDP once Dynamo is loaded, with a setting only
+# Dynamo's config holds.
+DDP_FRESH_PROCESS = """
+import os, sys, torch, torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from convoy.dynamo_guard import dynamo_stand_in
+from convoy.engine.schedule import EAGER_OPTIMIZERS
+
+os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+dist.init_process_group("gloo", rank=0, world_size=1)
+
+def steps(model):
+    # torch's own optimizer class imports Dynamo; Convoy's does not
+    optimizer = EAGER_OPTIMIZERS["sgd"](model.parameters(), lr=0.1, momentum=0.9)
+    for _ in range(3):
+        torch.manual_seed(1)
+        model(torch.randn(5, 4)).square().mean().backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    return [p.detach().clone() for p in model.parameters()], optimizer
+
+torch.manual_seed(0)
+plain = nn.Linear(4, 3)
+reference = nn.Linear(4, 3)
+reference.load_state_dict(plain.state_dict())
+with dynamo_stand_in():
+    ddp = DistributedDataParallel(plain)
+print("torch._dynamo" in sys.modules, "_dynamo" in vars(torch), ddp._use_python_reducer)
+(got, optimizer), (expected, _) = steps(ddp), steps(reference)
+print("torch._dynamo" in sys.modules, all(map(torch.equal, got, expected)))
+with dynamo_stand_in():  # as a checkpoint's save and load call them
+    model_state, optim_state = get_state_dict(ddp, optimizer)
+    saved = repr((model_state, optim_state))
+    set_state_dict(ddp, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
+print("torch._dynamo" in sys.modules)
+import torch._dynamo
+print(repr(get_state_dict(ddp, optimizer)) == saved, "module.weight" in saved)
+torch._dynamo.config.optimize_ddp = "python_reducer"
+with dynamo_stand_in():  # Dynamo loaded: torch's own reading of its setting
+    print(DistributedDataParallel(nn.Linear(4, 3))._use_python_reducer)
+dist.destroy_process_group()
+"""
+
+
+def test_ddp_steps_and_checkpoint_state_without_dynamo_and_its_setting_once_loaded() -> None:
+    from convoy.distributed import free_port
+
+    done = subprocess.run(
+        [sys.executable, "-c", DDP_FRESH_PROCESS, str(free_port())],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    # No Dynamo, no stand-in left on torch, torch's default mode; the steps equal a plain
+    # model's bit for bit; the state dicts are what torch gives with Dynamo loaded; then the
+    # user's setting reaches DDP.
+    lines = done.stdout.split("\n")[:5]
+    assert lines == ["False False False", "False True", "False", "True False", "True"]

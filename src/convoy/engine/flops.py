@@ -28,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 from convoy.batches import batch_rows, first_rows, move_to, tensors_in
-from convoy.engine.dynamo_guard import defer_guard
+from convoy.dynamo_guard import defer_guard
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from convoy.config import DDPStrategyConfig
+from convoy.dynamo_guard import dynamo_stand_in
 from convoy.strategies.base import InitialWeights, LightningCounterpart, MemoryTracking, Strategy
 
 
@@ -64,12 +65,13 @@ class DDPStrategy(Strategy):
 
     def wrap(self, model: nn.Module, weights: InitialWeights | None = None) -> nn.Module:
         model = self.place(model, weights)
-        ddp = DistributedDataParallel(
-            model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            find_unused_parameters=self.cfg.find_unused_parameters,
-            bucket_cap_mb=self.cfg.bucket_cap_mb,
-        )
+        with dynamo_stand_in():  # torch's constructor would import Dynamo for one setting
+            ddp = DistributedDataParallel(
+                model,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                find_unused_parameters=self.cfg.find_unused_parameters,
+                bucket_cap_mb=self.cfg.bucket_cap_mb,
+            )
         if self.cfg.comm_hook != "none":
             ddp.register_comm_hook(None, compress_hook(COMM_HOOKS[self.cfg.comm_hook]))
         return ddp
