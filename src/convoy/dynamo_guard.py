@@ -4,8 +4,8 @@ torch wraps some functions with ``torch._disable_dynamo`` so that Dynamo never t
 the wrapper imports ``torch._dynamo`` (and sympy with it: 1.5-2 CPU-s) on its first call,
 whether or not anything is ever compiled. While Dynamo is not imported nothing can be
 compiling, so calling the function itself is what the guard would do. ``defer_guard`` makes a
-wrapper do that until Dynamo is imported (by a compile, say), and then take the real guard, as
-torch would have.
+wrapper do that until Dynamo is imported (by a compile, say); its first call after that takes
+the real guard, as torch's wrapper does on its own first call.
 
 DDP imports Dynamo too: its constructor to read one Dynamo setting, its forward through such
 a guard; and DCP's state-dict functions, to ask whether a module is a compiled one.
@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import sys
+import types
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -50,7 +51,25 @@ def defer_guard(wrapper: Callable[..., Any] | None) -> None:
         setattr(fn, cache, guard)
         return guard(*args, **kwargs)
 
+    _skipped_by_dynamo(guarded_once_dynamo_is_loaded.__code__)
     setattr(fn, cache, guarded_once_dynamo_is_loaded)
+
+
+def _skipped_by_dynamo(code: types.CodeType) -> None:
+    """Have Dynamo run ``code``'s frames without tracing them, as it does torch's own wrapper
+    (torch's files are skipped; this one is not). Else a compile whose graph reaches a
+    deferred guard (a DDP model compiled after it was built) would trace this frame: the same
+    results, with more graph breaks. torch's C API, which imports no Dynamo; with a torch
+    release that lacks it the frame is traced, as said."""
+    try:
+        from torch._C._dynamo.eval_frame import (
+            _FrameAction,
+            _FrameExecStrategy,
+            set_code_exec_strategy,
+        )
+    except ImportError:
+        return
+    set_code_exec_strategy(code, _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
 
 
 class _ModuleUntilUsed:
@@ -89,11 +108,15 @@ def dynamo_stand_in() -> Iterator[None]:
       matters to a compiled model: nothing has compiled or changed that setting, so its default
       is the answer. DDP's forward guard (``_inside_ddp_forward``) is deferred as
       ``defer_guard`` says.
-    - DCP's ``get_state_dict`` / ``set_state_dict`` ask of every module on a parameter's path
-      whether it is an ``eval_frame.OptimizedModule``: none is.
+    - DCP's ``get_state_dict`` / ``set_state_dict`` ask, for each state-dict key, of the
+      modules on its path (other than DDP and FSDP) whether one is an
+      ``eval_frame.OptimizedModule``: none is.
 
     Anything else asked of ``torch._dynamo`` meanwhile imports it, as before, and the real
-    module takes the stand-in's place. With Dynamo imported, nothing changes."""
+    module takes the stand-in's place on ``torch``. A reference taken inside the window
+    (``from torch import _dynamo``, or ``torch._dynamo.utils`` kept in a variable) stays the
+    stand-in: no torch code does that, only a user's hook run inside the window could. With
+    Dynamo imported, nothing changes."""
     if DYNAMO in sys.modules:
         yield
         return

@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import warnings
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -79,15 +80,17 @@ def test_a_step_and_a_flop_count_import_no_dynamo_until_something_does() -> None
     assert second.startswith("torch._dynamo")  # torch's real guard took over
 
 
-# DDP over a one-process gloo group, in a fresh interpreter: its steps and its state dicts (a
-# checkpoint's) without Dynamo, then a DDP once Dynamo is loaded, with a setting only
-# Dynamo's config holds.
+# DDP over a one-process gloo group, in a fresh interpreter: its steps, a checkpoint's save and
+# resume without Dynamo, then the same resume and a new DDP once Dynamo is loaded, with a
+# setting only Dynamo's config holds.
 DDP_FRESH_PROCESS = """
 import os, sys, torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+from convoy.checkpoint import CheckpointManager, Position
+from convoy.distributed import WorkerContext
 from convoy.dynamo_guard import dynamo_stand_in
+from convoy.storage import RunStorage
 from convoy.engine.schedule import EAGER_OPTIMIZERS
 
 os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
@@ -112,13 +115,31 @@ with dynamo_stand_in():
 print("torch._dynamo" in sys.modules, "_dynamo" in vars(torch), ddp._use_python_reducer)
 (got, optimizer), (expected, _) = steps(ddp), steps(reference)
 print("torch._dynamo" in sys.modules, all(map(torch.equal, got, expected)))
-with dynamo_stand_in():  # as a checkpoint's save and load call them
-    model_state, optim_state = get_state_dict(ddp, optimizer)
-    saved = repr((model_state, optim_state))
-    set_state_dict(ddp, optimizer, model_state_dict=model_state, optim_state_dict=optim_state)
-print("torch._dynamo" in sys.modules)
+# A checkpoint saved and resumed through Convoy's manager, as every run's are.
+storage = RunStorage.at(sys.argv[2])
+manager = CheckpointManager(storage, WorkerContext(), keep_latest=1)
+manager.save(Position(3, 0, 3), ddp, optimizer, {})
+
+def zeroed_then_resumed():
+    with torch.no_grad():
+        for parameter in ddp.parameters():
+            parameter.zero_()
+    CheckpointManager(storage, WorkerContext(), keep_latest=1).load_latest(ddp, optimizer)
+    return all(map(torch.equal, [p.detach() for p in ddp.parameters()], got))
+
+print("torch._dynamo" in sys.modules, zeroed_then_resumed(), "torch._dynamo" in sys.modules)
 import torch._dynamo
-print(repr(get_state_dict(ddp, optimizer)) == saved, "module.weight" in saved)
+# What torch's state dicts name with Dynamo loaded is what was saved without it.
+print(zeroed_then_resumed())
+# DDP compiled now: Dynamo runs the deferred forward guard's frame untraced, as torch's own.
+traced = []
+convert = torch._dynamo.convert_frame.ConvertFrameAssert.__call__
+def noting(self, frame, *args, **kwargs):
+    traced.append(frame.f_code.co_name)
+    return convert(self, frame, *args, **kwargs)
+torch._dynamo.convert_frame.ConvertFrameAssert.__call__ = noting
+torch.compile(ddp, backend="eager")(torch.randn(5, 4)).sum().backward()
+print(len(traced) > 0, not any("guarded_once" in name for name in traced))
 torch._dynamo.config.optimize_ddp = "python_reducer"
 with dynamo_stand_in():  # Dynamo loaded: torch's own reading of its setting
     print(DistributedDataParallel(nn.Linear(4, 3))._use_python_reducer)
@@ -126,18 +147,22 @@ dist.destroy_process_group()
 """
 
 
-def test_ddp_steps_and_checkpoint_state_without_dynamo_and_its_setting_once_loaded() -> None:
+def test_ddp_steps_and_checkpoints_without_dynamo_and_reads_its_setting_once_loaded(
+    tmp_path: Path,
+) -> None:
     from convoy.distributed import free_port
 
     done = subprocess.run(
-        [sys.executable, "-c", DDP_FRESH_PROCESS, str(free_port())],
+        [sys.executable, "-c", DDP_FRESH_PROCESS, str(free_port()), str(tmp_path / "run")],
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
     # No Dynamo, no stand-in left on torch, torch's default mode; the steps equal a plain
-    # model's bit for bit; the state dicts are what torch gives with Dynamo loaded; then the
-    # user's setting reaches DDP.
-    lines = done.stdout.split("\n")[:5]
-    assert lines == ["False False False", "False True", "False", "True False", "True"]
+    # model's bit for bit; a save and a resume restore them, still without Dynamo; the same
+    # checkpoint resumes with Dynamo loaded; a compile of that DDP traces frames, but not
+    # Convoy's deferred guard; then the user's setting reaches DDP.
+    lines = done.stdout.split("\n")[:6]
+    expected = ["False False False", "False True", "False True False", "True", "True True", "True"]
+    assert lines == expected
