@@ -55,6 +55,27 @@ def defer_guard(wrapper: Callable[..., Any] | None) -> None:
     setattr(fn, cache, guarded_once_dynamo_is_loaded)
 
 
+def defer_meta_guards() -> None:
+    """Defer (``defer_guard``) the guards of torch's Python references and meta kernels
+    (``torch._refs``, ``torch._meta_registrations``). A model built or run on the meta device,
+    as the driver's preflight and the FLOP count do, runs through them (``nn.init.normal_`` on
+    meta is ``torch._refs.normal``), and their guards would import Dynamo, about 1.5 CPU-s with
+    sympy, for a job that never compiles. About 120 wrappers, 5 ms; a second call finds them
+    deferred."""
+    import torch._meta_registrations
+    import torch._refs
+    import torch._refs.nn.functional  # torch imports the three itself
+
+    for module in (torch._refs, torch._refs.nn.functional, torch._meta_registrations):
+        for value in list(vars(module).values()):
+            # A reference's decorators each wrap the next (``__wrapped__``); the guard is one.
+            for _ in range(8):
+                if not callable(value):
+                    break
+                defer_guard(value)
+                value = getattr(value, "__wrapped__", None)
+
+
 def _skipped_by_dynamo(code: types.CodeType) -> None:
     """Have Dynamo run ``code``'s frames without tracing them, as it does torch's own wrapper
     (torch's files are skipped; this one is not). Else a compile whose graph reaches a

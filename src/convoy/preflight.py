@@ -29,6 +29,7 @@ from convoy.config import Job, layout_name, micro_batch, tp_size_of
 from convoy.data.base import Splits
 from convoy.data.registry import check_dataset, check_loaded, load_splits
 from convoy.data.shards import ShardedSplit
+from convoy.dynamo_guard import defer_meta_guards
 from convoy.engine.flops import small_enough_to_run
 from convoy.engine.sinks import TRACKING_SINKS
 from convoy.errors import ConfigError, ConvoyError, ResourceError, one_of
@@ -56,6 +57,7 @@ def preflight(job: Job) -> Job:
     if job.lightning.enabled:
         check_lightning(job)
         return job
+    defer_meta_guards()  # the model is built and run on meta below; nothing compiles here
     task = build_task(job.task.name, job.task.kwargs)
     check_model(job.model.name, job.model.kwargs)
     check_model_device(job)

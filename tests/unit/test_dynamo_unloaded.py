@@ -166,3 +166,28 @@ def test_ddp_steps_and_checkpoints_without_dynamo_and_reads_its_setting_once_loa
     lines = done.stdout.split("\n")[:6]
     expected = ["False False False", "False True", "False True False", "True", "True True", "True"]
     assert lines == expected
+
+
+# A language model's preflight in a fresh interpreter: the driver builds and runs the model on
+# the meta device, through torch's meta kernels and Python references (``nn.init.normal_`` on
+# meta is ``torch._refs.normal``), each guarded against Dynamo.
+PREFLIGHT_FRESH_PROCESS = """
+import sys
+from convoy.config import load_job
+from convoy.preflight import preflight
+
+preflight(load_job(sys.argv[1], [f"run.storage_dir={sys.argv[2]}"]))
+print("torch._dynamo" in sys.modules, "torch._refs" in sys.modules)
+"""
+
+
+def test_a_language_models_preflight_on_meta_imports_no_dynamo(tmp_path: Path) -> None:
+    recipe = Path(__file__).resolve().parents[2] / "recipes" / "lm_tiny.yaml"
+    done = subprocess.run(
+        [sys.executable, "-c", PREFLIGHT_FRESH_PROCESS, str(recipe), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[0] == "False True"

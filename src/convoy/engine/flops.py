@@ -28,7 +28,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode, _FlopCounterMode
 
 from convoy.batches import batch_rows, first_rows, move_to, tensors_in
-from convoy.dynamo_guard import defer_guard
+from convoy.dynamo_guard import defer_guard, defer_meta_guards
 
 
 @dataclass(frozen=True)
@@ -100,10 +100,12 @@ def count_train_flops_per_sample(
     cannot run on meta tensors (one that reads values, e.g. ``.item()``).
     """
     inputs, targets = batch
+    # FlopCounterMode's dispatch and the meta device's kernels are guarded against Dynamo,
+    # guards that import Dynamo.
+    defer_meta_guards()
+    defer_guard(_FlopCounterMode.__dict__["__torch_dispatch__"])
     with torch.device("meta"):
         model = build()
-    # FlopCounterMode's dispatch is guarded against Dynamo, a guard that imports Dynamo.
-    defer_guard(_FlopCounterMode.__dict__["__torch_dispatch__"])
     few = first_rows(inputs, REAL_COUNT_ROWS)
     if small_enough_to_run(model, few):
         cpu = torch.device("cpu")
