@@ -6,7 +6,8 @@ its wall time, its time to the first step, and the CPU-seconds of every process 
 trees (before and after a change) compare on the same machine?
 
 Method: each run is ``convoy train <tree>/recipes/digits_mlp.yaml -o run.epochs=1`` (39
-steps), with ``-o scaling.launcher=ray|torchrun -o scaling.num_workers=2`` (a private Ray)
+steps; ``--recipe`` names another recipe of ``recipes/``, ``--overrides`` adds ``-o``s), with
+``-o scaling.launcher=ray|torchrun -o scaling.num_workers=2`` (a private Ray)
 or the recipe's ``local`` (1 worker); ``ray-data`` is ``ray`` with ``-o data.loader=ray_data``
 (asked for by name); and ``PYTHONPATH=<tree>/src``, which comes before the virtualenv's
 editable install. The trees alternate in every repetition (before, after; then
@@ -53,6 +54,7 @@ from ray_process_cpu import cpu_seconds
 
 REPO = Path(__file__).resolve().parents[1]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
+RECIPE = "digits_mlp"
 LAUNCHERS = {
     "ray": ("-o", "scaling.launcher=ray", "-o", "scaling.num_workers=2"),
     "torchrun": ("-o", "scaling.launcher=torchrun", "-o", "scaling.num_workers=2"),
@@ -127,7 +129,14 @@ def sample(group: Path, seen: dict[int, tuple[str, float]]) -> bool:
     return bool(pids)
 
 
-def run_once(tree: Path, launcher: str, tmp: Path, name: str) -> dict:
+def run_once(
+    tree: Path,
+    launcher: str,
+    tmp: Path,
+    name: str,
+    recipe: str = RECIPE,
+    extra: tuple[str, ...] = (),
+) -> dict:
     """One ``convoy train`` in a cpuacct group of its own, sampled until its last process."""
     imports, log = tmp / f"imports-{name}", tmp / f"{name}.log"
     imports.mkdir()
@@ -141,8 +150,9 @@ def run_once(tree: Path, launcher: str, tmp: Path, name: str) -> dict:
     env.pop("RAY_ADDRESS", None)  # a private Ray, not one a shell points at
     command = [
         str(Path(sys.executable).parent / "convoy"), "train",
-        str(tree / "recipes" / "digits_mlp.yaml"), "-o", "run.epochs=1", *LAUNCHERS[launcher],
+        str(tree / "recipes" / f"{recipe}.yaml"), "-o", "run.epochs=1", *LAUNCHERS[launcher],
         "-o", f"run.storage_dir={tmp / 'runs'}", "-o", f"run.name={name}",
+        *(flag for override in extra for flag in ("-o", override)),
     ]  # fmt: skip
     group = CPUACCT / f"convoy-launch-cost-{os.getpid()}"
     group.mkdir()
@@ -175,7 +185,7 @@ def run_once(tree: Path, launcher: str, tmp: Path, name: str) -> dict:
         "wall": wall,
         "first_step": summary["first_step_end_time"] - start,
         "cpu": total,
-        "test_acc": summary["metrics"]["test/acc"],
+        "test": test_metric(summary["metrics"]),
         "processes": {k: tuple(v) for k, v in processes.items()},
         "between": total - sum(cpu for _, cpu in seen.values()),
         "left": left,
@@ -209,6 +219,18 @@ def check_imports(imports: Path, tree: Path, seen: dict, worker: str) -> int:
     return len(found)
 
 
+def test_metric(metrics: dict[str, float]) -> tuple[str, float]:
+    """The run's test accuracy, else its first test metric (a language model's loss)."""
+    names = sorted(k for k in metrics if k.startswith("test/"))
+    name = "test/acc" if "test/acc" in names else names[0]
+    return name, metrics[name]
+
+
+def shown(metric: tuple[str, float]) -> str:
+    name, value = metric
+    return f"{value * 100:.2f}%" if name == "test/acc" else f"{value:.4f}"
+
+
 def median(values: list[float]) -> float:
     return statistics.median(values)
 
@@ -216,11 +238,12 @@ def median(values: list[float]) -> float:
 def launcher_tables(launcher: str, runs: dict[str, list[dict]]) -> str:
     lines = [
         f"### {launcher}\n",
-        "| tree | wall (s) | first step (s) | total CPU-s | CPU-s of each run | test acc |",
+        "| tree | wall (s) | first step (s) | total CPU-s | CPU-s of each run | "
+        f"{next(iter(runs.values()))[0]['test'][0]} |",
         "|---|---|---|---|---|---|",
     ]
     for tree, results in runs.items():
-        accs = sorted({f"{r['test_acc'] * 100:.2f}%" for r in results})
+        accs = sorted({shown(r["test"]) for r in results})
         each = ", ".join(f"{r['cpu']:.1f}" for r in results)
         lines.append(
             f"| {tree} | {median([r['wall'] for r in results]):.1f} "
@@ -282,9 +305,12 @@ def main() -> None:
     parser.add_argument(
         "--trees", default=f"before=/work/before,after={REPO}", help="label=path,label=path"
     )
+    parser.add_argument("--recipe", default=RECIPE, help="a recipe of recipes/, by name")
+    parser.add_argument("--overrides", default="", help="comma-separated key=value, as -o")
     parser.add_argument("--out", type=Path, help="write launch_cost_cpu_<date>.md in this folder")
     args = parser.parse_args()
     launchers = args.launchers.split(",")
+    extra = tuple(filter(None, args.overrides.split(",")))
     trees = {k: Path(v).resolve() for k, v in (t.split("=", 1) for t in args.trees.split(","))}
     for tree in trees.values():
         compile_sources(tree)
@@ -298,7 +324,8 @@ def main() -> None:
             order = list(trees) if index % 2 == 0 else list(trees)[::-1]
             for launcher in launchers:
                 for label in order:
-                    run = run_once(trees[label], launcher, tmp, f"{launcher}-{label}-{index}")
+                    name = f"{launcher}-{label}-{index}"
+                    run = run_once(trees[label], launcher, tmp, name, args.recipe, extra)
                     results[launcher][label].append(run)
                     print(
                         f"{launcher} {label} #{index}: wall {run['wall']:.1f} s, first step "
@@ -313,7 +340,11 @@ def main() -> None:
     )
     tables = "\n\n".join(launcher_tables(n, results[n]) for n in launchers)
     publish(
-        args.out, "launch_cost", "Launch cost: digits_mlp, 1 epoch, per launcher", header, tables
+        args.out,
+        "launch_cost",
+        f"Launch cost: {args.recipe}, 1 epoch, per launcher",
+        header,
+        tables,
     )
 
 
