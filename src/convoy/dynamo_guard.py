@@ -15,6 +15,7 @@ a guard; and DCP's state-dict functions, to ask whether a module is a compiled o
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 import sys
 import types
@@ -55,13 +56,15 @@ def defer_guard(wrapper: Callable[..., Any] | None) -> None:
     setattr(fn, cache, guarded_once_dynamo_is_loaded)
 
 
+@functools.cache
 def defer_meta_guards() -> None:
     """Defer (``defer_guard``) the guards of torch's Python references and meta kernels
     (``torch._refs``, ``torch._meta_registrations``). A model built or run on the meta device,
     as the driver's preflight and the FLOP count do, runs through them (``nn.init.normal_`` on
     meta is ``torch._refs.normal``), and their guards would import Dynamo, about 1.5 CPU-s with
-    sympy, for a job that never compiles. About 120 wrappers, 5 ms; a second call finds them
-    deferred."""
+    sympy, for a job that never compiles. About 120 wrappers, 5 ms, walked once a process (a
+    local run's preflight and FLOP count share it; once Dynamo is imported there is nothing to
+    defer, then or later)."""
     import torch._meta_registrations
     import torch._refs
     import torch._refs.nn.functional  # torch imports the three itself
