@@ -207,7 +207,30 @@ def watch_workers(
 @dataclass(frozen=True)
 class FreshPair:
     outputs: dict[str, str]  # what each run printed, by name
-    workers: Seen  # the train workers that descended from each
+    workers: Seen  # the train workers that descended from each run, and from the sweep
+    sweep: str  # what the sweep the pair started during printed
+
+
+RUNS = ("first", "second")
+
+
+def start_sweep(ray_tmp: Path, storage: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """A one-trial ``convoy tune`` of the small run, once its trial is starting: the process
+    and the lines it printed so far. The trial trains on one worker (what is checked is whose
+    Ray each worker is of, not the sweep's training)."""
+    space = storage / "space.yaml"
+    space.write_text("optim.lr: {grid: [3.0e-3]}\n")
+    sweep = convoy(
+        ray_tmp,
+        "tune", *SMALL_RUN, "-o", "scaling.num_workers=1", "--space", str(space), "--name", "s",
+        "--scheduler", "none", "--samples", "1", "--max-concurrent", "1",
+        "-o", f"run.storage_dir={storage}",
+    )  # fmt: skip
+    assert sweep.stdout is not None
+    head = [next(sweep.stdout)]
+    while "convoy: sweep s:" not in head[-1]:
+        head.append(next(sweep.stdout))
+    return sweep, head
 
 
 @pytest.fixture(scope="module")
@@ -215,15 +238,18 @@ def fresh_pair(
     ray_tmp: Path, joined: JoinedRun, tmp_path_factory: pytest.TempPathFactory
 ) -> FreshPair:
     """The same small run twice at once, as two users would start it, after the head the
-    ``joined`` run used was killed (its address file left behind): the runs both tests below
-    check, started once for the module."""
+    ``joined`` run used was killed (its address file left behind), and while a sweep on its
+    own private Ray runs its trial: the runs the three tests below check, started once for
+    the module."""
     storage = tmp_path_factory.mktemp("pair")
+    sweep, head = start_sweep(ray_tmp, tmp_path_factory.mktemp("sweep"))
     runs = {
         name: convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={storage / name}")
-        for name in ("first", "second")
+        for name in RUNS
     }
-    workers = watch_workers(runs)
-    return FreshPair({name: finish(process) for name, process in runs.items()}, workers)
+    workers = watch_workers({"sweep": sweep, **runs})
+    outputs = {name: finish(process) for name, process in runs.items()}
+    return FreshPair(outputs, workers, "".join(head) + finish(sweep))
 
 
 def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
@@ -258,31 +284,16 @@ def test_two_runs_started_together_each_train_on_their_own_ray(
         same_metrics(summary_of(output), alone)
 
 
-def test_a_run_started_during_a_sweep_keeps_to_its_own_ray(
-    ray_tmp: Path, tmp_path: Path, alone: dict[str, Any]
+def test_runs_started_during_a_sweep_keep_to_their_own_ray(
+    fresh_pair: FreshPair, alone: dict[str, Any]
 ) -> None:
-    # One trial: the run starts while the sweep's private Ray is up and its trial starts.
-    # The trial trains on one worker (what is checked is whose Ray each worker is of, not the
-    # sweep's training); the run keeps the two of the run it must match.
-    space = tmp_path / "space.yaml"
-    space.write_text("optim.lr: {grid: [3.0e-3]}\n")
-    sweep = convoy(
-        ray_tmp,
-        "tune", *SMALL_RUN, "-o", "scaling.num_workers=1", "--space", str(space), "--name", "s",
-        "--scheduler", "none", "--samples", "1", "--max-concurrent", "1",
-        "-o", f"run.storage_dir={tmp_path}",
-    )  # fmt: skip
-    assert sweep.stdout is not None
-    head = [next(sweep.stdout) for _ in range(3)]
-    while not any("convoy: sweep s:" in line for line in head):
-        head.append(next(sweep.stdout))
-    run = convoy(ray_tmp, "train", *SMALL_RUN, "-o", f"run.storage_dir={tmp_path / 'run'}")
-    workers = watch_workers({"sweep": sweep, "run": run})
-    swept = "".join(head) + finish(sweep)
-    trained = finish(run)
-    assert workers["run"] and workers["sweep"], workers
-    assert own_ray(trained) not in swept
-    same_metrics(summary_of(trained), alone)
+    """The pair starts while a sweep's private Ray is up and its trial starts: neither run
+    joins the sweep's Ray, and the sweep's trial ran on workers of its own."""
+    assert fresh_pair.workers["sweep"], fresh_pair.workers
+    sweeps_ray = own_ray(fresh_pair.sweep)
+    for output in fresh_pair.outputs.values():
+        assert own_ray(output) != sweeps_ray and sweeps_ray not in output
+        same_metrics(summary_of(output), alone)
 
 
 @pytest.fixture
