@@ -126,7 +126,7 @@ browser:
 
 ## test: every test tier (unit, distributed, e2e, cluster), lint beside them; then the CPU bill
 # Lint runs beside the tests, at their low CPU weight, instead of ahead of them (mypy alone is
-# 1-2 minutes of a core); its output comes after theirs, and its failure fails the run. The
+# about 30 CPU-s from a cold cache); its output comes after theirs, and its failure fails the run. The
 # budget is tests/suite_budget.py; a full run (no PYTEST_ARGS) writes the figures
 # tests/unit/test_suite_budget.py checks to tests/suite_cpu_measured.json: commit them.
 # `make`, not `$(MAKE)`: a line naming $(MAKE) runs even under `make -n`, which would start

@@ -8,8 +8,9 @@ drain deadlines and rendezvous timeouts; run after the other tiers, it added its
 to the suite. It runs beside them instead, in its own pytest, while the unit, distributed and
 e2e tiers run on pytest-xdist workers in a CPU cgroup of low weight: when both want the CPU,
 the timed tier gets it (4 CPU-s in 5), and its idle time goes to the others. Lint (``--lint``:
-ruff, mypy, lint-imports; mypy alone is 1-2 minutes of a core) runs beside them in the same
-low-weight group, instead of ahead of them all; its output is printed once the tests end.
+ruff, mypy, lint-imports; mypy alone is about 30 CPU-s from a cold cache) runs beside them in
+the same low-weight group, instead of ahead of them all; its output is printed once the tests
+end.
 
 A nice value would not do it: the kernel shares the CPU fairly between sessions
 (autogroups) whatever their nice values, and the launchers start their workers in sessions
