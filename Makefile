@@ -93,11 +93,14 @@ RSYNC_INSTALL := command -v rsync >/dev/null || apt-get $(APT_WAIT) install -y -
 # Its CPU (the shell's `times`: what its children used) goes to ENVTEST_CPU once it ends, for
 # the bill tests/run_tiers.py prints: it runs outside the make that waits for the rest.
 ENVTEST_CPU := /tmp/convoy-envtest-build.cpu
+# Go's compiler collects garbage less often at GOGC=400 than at its default 100: the build took
+# 309 and 323 CPU-s against 385 on this machine (quiet, 2 cores), its largest compile 1.7 GB.
+ENVTEST_GOGC := 400
 
 envtest-build:
 	@rm -f $(ENVTEST_CPU); if [ -f $(ENVTEST)/build.sh ] && command -v flock >/dev/null; then \
 		(flock $(ENVTEST_LOCK) sh -c 'flock $(APT_LOCK) sh -c "$(RSYNC_INSTALL)"; \
-			bash $(ENVTEST)/build.sh; times >$(ENVTEST_CPU)' >/tmp/convoy-envtest-build.log 2>&1 &); \
+			GOGC=$(ENVTEST_GOGC) bash $(ENVTEST)/build.sh; times >$(ENVTEST_CPU)' >/tmp/convoy-envtest-build.log 2>&1 &); \
 	fi
 
 # Debian's Chromium, for the headless-browser check of `convoy report`'s HTML. Installed only
