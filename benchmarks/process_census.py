@@ -8,7 +8,7 @@ cut and which come with every Ray Train run or every ``import torch``.
 
 Method: the kernel's process accounting (``acct(2)``, BSD format v3) is switched on into a
 file, the command runs, and accounting is switched off. The kernel writes one record for every
-process that exits, however short its life, with its user + system CPU time (to 1/100 s) and
+process that exits, however short its life (while the file system has 2% free), with its user + system CPU time (to 1/100 s) and
 its name (``comm``: the first 15 characters; Ray names its workers ``ray::<class>``). Nothing
 is sampled, so nothing is missed between samples. The census counts every process that ends
 on the machine meanwhile, so keep the machine quiet; a process still running when accounting
@@ -24,6 +24,7 @@ import argparse
 import collections
 import ctypes
 import os
+import signal
 import struct
 import subprocess
 import sys
@@ -48,7 +49,7 @@ KINDS = (
     ("Ray daemons and the ray CLI", ("ray::Dashboard", "ray::RuntimeEnv", "ray-dashboard",
                                      "gcs_server", "raylet", "ray::Monitor")),
     ("other Ray workers (tasks, idle workers, Tune trials, Convoy's actors)", ("ray::",)),
-    ("the C++ compiler and linker (Inductor)", ("cc1plus", "g++", "c++", "as", "ld", "collect2")),
+    ("the C++ compiler and linker (Inductor)", ("cc1plus", "g++", "c++", "collect2")),
     ("Python: pytest, torchrun's workers, gloo ranks, subprocesses", ("python", "pt_main_thread")),
 )  # fmt: skip
 
@@ -70,6 +71,8 @@ def read_accounting(path: Path) -> Iterator[Exited]:
     data = path.read_bytes()
     for offset in range(0, len(data) - RECORD.size + 1, RECORD.size):
         fields = RECORD.unpack_from(data, offset)
+        if fields[1][0] & 0x7F != 3:  # v1/v2 records are 64 bytes too, laid out otherwise
+            sys.exit(f"{path}: not BSD accounting v3 records (version {fields[1][0] & 0x7F})")
         cpu = (comp_t(fields[10]) + comp_t(fields[11])) / ACCT_HZ
         name = fields[18].split(b"\0")[0].decode(errors="replace")
         yield Exited(fields[6], fields[7], name, cpu)
@@ -78,6 +81,8 @@ def read_accounting(path: Path) -> Iterator[Exited]:
 def kind_of(name: str) -> str:
     if name == "ray":
         return "Ray daemons and the ray CLI"
+    if name in ("as", "ld"):  # the assembler and linker g++ runs
+        return "the C++ compiler and linker (Inductor)"
     for kind, prefixes in KINDS:
         if name.startswith(prefixes):
             return kind
@@ -91,10 +96,16 @@ def account(command: list[str], path: Path) -> int:
     if libc.acct(str(path).encode()) != 0:
         errno = ctypes.get_errno()
         sys.exit(f"process accounting could not start (needs root): {os.strerror(errno)}")
+
+    def stop(signum: int, frame: object) -> None:
+        raise SystemExit(128 + signum)  # so that the finally below switches accounting off
+
+    previous = signal.signal(signal.SIGTERM, stop)
     try:
         return subprocess.call(command)
     finally:
         libc.acct(None)
+        signal.signal(signal.SIGTERM, previous)
 
 
 def tables(exited: list[Exited]) -> str:
@@ -104,7 +115,7 @@ def tables(exited: list[Exited]) -> str:
         for table, key in ((by_kind, kind_of(process.name)), (by_name, process.name)):
             table[key][0] += process.cpu_s
             table[key][1] += 1
-    total = sum(p.cpu_s for p in exited)
+    total = sum(p.cpu_s for p in exited) or 1e-9  # shares of nothing are 0%
     lines = [
         f"{total:,.1f} CPU-s in {len(exited):,} processes.",
         "",
@@ -138,6 +149,8 @@ def main() -> None:
         header += f" (exit code {code}; accounting kept in {path})"
     title = "Process census: CPU-seconds by kind of process"
     publish(args.out, "process_census", title, header, tables(list(read_accounting(path))))
+    if args.command and code:
+        sys.exit(code)
 
 
 if __name__ == "__main__":

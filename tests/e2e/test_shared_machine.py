@@ -215,8 +215,8 @@ RUNS = ("first", "second")
 
 
 def start_sweep(ray_tmp: Path, storage: Path) -> tuple[subprocess.Popen[str], list[str]]:
-    """A one-trial ``convoy tune`` of the small run, once its trial is starting: the process
-    and the lines it printed so far. The trial trains on one worker (what is checked is whose
+    """A one-trial ``convoy tune`` of the small run, once its private Ray is up and it goes on
+    to start its trial: the process and the lines it printed so far. The trial trains on one worker (what is checked is whose
     Ray each worker is of, not the sweep's training)."""
     space = storage / "space.yaml"
     space.write_text("optim.lr: {grid: [3.0e-3]}\n")
@@ -249,7 +249,11 @@ def fresh_pair(
     }
     workers = watch_workers({"sweep": sweep, **runs})
     outputs = {name: finish(process) for name, process in runs.items()}
-    return FreshPair(outputs, workers, "".join(head) + finish(sweep))
+    # The rest of what the sweep printed: its reader may hold lines past those read above.
+    assert sweep.stdout is not None
+    swept = "".join(head) + sweep.stdout.read()
+    assert sweep.wait() == 0 and "Traceback" not in swept, swept
+    return FreshPair(outputs, workers, swept)
 
 
 def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
