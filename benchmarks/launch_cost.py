@@ -220,7 +220,8 @@ def check_imports(imports: Path, tree: Path, seen: dict, worker: str) -> int:
 
 
 def test_metric(metrics: dict[str, float]) -> tuple[str, float]:
-    """The run's test accuracy, else its first test metric (a language model's loss)."""
+    """The run's test accuracy, else its first test metric by name (a language model's
+    bits per byte, ``test/bpb``)."""
     names = sorted(k for k in metrics if k.startswith("test/"))
     name = "test/acc" if "test/acc" in names else names[0]
     return name, metrics[name]

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -102,8 +102,15 @@ def convoy(ray_tmp: Path, *args: str) -> subprocess.Popen[str]:
     )
 
 
-def finish(process: subprocess.Popen[str]) -> str:
-    output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
+def finish(process: subprocess.Popen[str], head: Sequence[str] = ()) -> str:
+    """What ``process`` printed, once it has ended well; ``head``: the lines already read from
+    it through its text reader, whose buffer may hold more (``communicate`` reads past it)."""
+    if head:
+        assert process.stdout is not None
+        output = "".join(head) + process.stdout.read()
+        process.wait(timeout=RUN_TIMEOUT_S)
+    else:
+        output, _ = process.communicate(timeout=RUN_TIMEOUT_S)
     assert process.returncode == 0, output
     assert "Traceback" not in output, output
     return output
@@ -249,11 +256,7 @@ def fresh_pair(
     }
     workers = watch_workers({"sweep": sweep, **runs})
     outputs = {name: finish(process) for name, process in runs.items()}
-    # The rest of what the sweep printed: its reader may hold lines past those read above.
-    assert sweep.stdout is not None
-    swept = "".join(head) + sweep.stdout.read()
-    assert sweep.wait() == 0 and "Traceback" not in swept, swept
-    return FreshPair(outputs, workers, swept)
+    return FreshPair(outputs, workers, finish(sweep, head))
 
 
 def test_a_user_started_ray_is_joined_and_outlives_the_run_then_its_death_is_noticed(
