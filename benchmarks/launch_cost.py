@@ -73,11 +73,14 @@ WORKERS = {
 }
 # A fragment of a command line's first 4 words -> the process's name in the tables; the first
 # that matches wins (a starting Ray worker names the raylet in its later arguments).
+FORKED = "fork server and forked workers"
 NAMES = (
     ("default_worker.py", "ray worker (starting)"),
     ("torch.distributed.run", "torchrun agent"),
     ("convoy.launchers.torchrun --agent", "torchrun agent"),  # Convoy's wrapper of the agent
     ("convoy.launchers.torchrun", "torchrun worker"),
+    # Python's fork server and the workers forked from it share its command line.
+    ("multiprocessing.forkserver", FORKED),
     ("bin/convoy", "convoy driver"),
     ("gcs_server", "gcs_server"),
     ("raylet", "raylet"),
@@ -214,6 +217,10 @@ def check_imports(imports: Path, tree: Path, seen: dict, worker: str) -> int:
     src = f"{tree / 'src'}{os.sep}"
     foreign = {pid: origin for pid, origin in found.items() if not origin.startswith(src)}
     silent = [pid for pid, (name, _) in seen.items() if name == worker and pid not in found]
+    # A forked worker holds the modules of its fork server, which records where it found them.
+    forked = [pid for pid, (name, _) in seen.items() if name == FORKED]
+    if forked and not any(pid in found for pid in forked):
+        silent += forked
     if foreign or silent:
         raise RuntimeError(f"convoy not from {tree}: {foreign}; workers unrecorded: {silent}")
     return len(found)

@@ -242,6 +242,28 @@ def exit_without_teardown(code: int = 0) -> NoReturn:
     os._exit(code)
 
 
+# How gloo and NCCL word a collective that lost the rank at the other end.
+LOST_PEER_WORDS = (
+    "Connection closed by peer",
+    "Connection reset by peer",
+    "NCCL communicator was aborted",
+)
+
+
+def lost_a_peer(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a collective that lost another rank: this rank
+    failed because that one did."""
+    chain: list[BaseException] = []
+    seen: BaseException | None = error
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    return any(
+        isinstance(e, dist.DistNetworkError) or any(w in str(e) for w in LOST_PEER_WORDS)
+        for e in chain
+    )
+
+
 def default_threads(local_world_size: int) -> int:
     """Split the CPUs this process may use (``usable_cpus``) between the workers on the node."""
     return max(1, int(usable_cpus()) // max(1, local_world_size))

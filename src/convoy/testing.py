@@ -35,6 +35,7 @@ from convoy.distributed import (
     process_group,
 )
 from convoy.engine.loop import train
+from convoy.fork_server import also_preload, fork_server_start_method
 from convoy.outputs import RunOutputs
 from convoy.storage import RunStorage
 
@@ -118,28 +119,34 @@ def _fsdp1_full_state(model: torch.nn.Module) -> dict[str, Any]:
         }
 
 
+CENSUS_VARIABLE = "CONVOY_CENSUS_VALUE"
+"""The environment variable each rank of ``rank_census`` reports, as the launch gave it."""
+
+
 def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
     """A worker entry (``WorkerEntry("convoy.testing:rank_census", {"tag": ...})``) for
-    launcher tests: every rank's identity, gathered over the real process group; rank 0
-    writes it as the run's summary."""
+    launcher tests: every rank's identity and its ``CENSUS_VARIABLE``, gathered over the real
+    process group; rank 0 writes it as the run's summary. Each rank also prints a line
+    ``census <tag> rank <rank>`` on its standard output."""
+    print(f"census {tag} rank {ctx.rank}", flush=True)
     with process_group(ctx, job.run.collective_timeout_s):
-        me = {"rank": ctx.rank, "world_size": ctx.world_size, "tag": tag, "pid": os.getpid()}
+        me = {
+            "rank": ctx.rank,
+            "world_size": ctx.world_size,
+            "tag": tag,
+            "pid": os.getpid(),
+            "environment": os.environ.get(CENSUS_VARIABLE),
+        }
         summary = {"ranks": all_gather_objects(me)}
     RunOutputs(RunStorage.at(job.run_uri), ctx.is_main).write_summary(summary)
     return summary
 
 
-# What a rank imports anyway, imported once in the fork server (modules, not state: no
-# process group, no threads, no device is touched by importing them). The transformers models
-# (1.3 s of CPU a rank for Llama's) are skipped by the fork server where the hf extra is not
-# installed.
-FORK_SERVER_PRELOAD = [
-    "torch",
-    "torch.distributed.checkpoint",
-    "convoy.engine.loop",
-    "transformers.models.llama.modeling_llama",
-    "transformers.models.gpt2.modeling_gpt2",
-]
+# The models the parity tests' ranks build, imported once in this process's fork server
+# besides the engine (1.3 s of CPU a rank for Llama's); skipped there where the hf extra is
+# not installed. Set on import, so that it holds whichever starts the server first: a rank
+# here or a torchrun launch (whose workers come from the same server).
+also_preload(["transformers.models.llama.modeling_llama", "transformers.models.gpt2.modeling_gpt2"])
 
 
 def run_on_gloo(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any]:
@@ -151,19 +158,10 @@ def run_on_gloo(fn: Callable[..., Any], world_size: int, *args: Any) -> list[Any
             _entry,
             args=(fn, world_size, init_method, tmp, args, dict(os.environ)),
             nprocs=world_size,
-            start_method=_start_method(),
+            start_method=fork_server_start_method(),
             join=True,
         )
         return [pickle.loads((Path(tmp) / f"rank{r}.pkl").read_bytes()) for r in range(world_size)]
-
-
-def _start_method() -> str:
-    """``forkserver`` with the engine preloaded where the platform has it, else ``spawn``."""
-    if "forkserver" not in mp.get_all_start_methods():
-        return "spawn"
-    # Takes effect when the fork server starts (the first call); later calls reuse it.
-    mp.get_context("forkserver").set_forkserver_preload(FORK_SERVER_PRELOAD)
-    return "forkserver"
 
 
 def _entry(

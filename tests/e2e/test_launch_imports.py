@@ -10,9 +10,11 @@ setting and its forward takes a Dynamo guard, torch 2.13); ``convoy.dynamo_guard
 both while Dynamo is not loaded. (FSDP2's DTensor still imports it.) sympy is allowed:
 torch.distributed.checkpoint, which writes the job's checkpoints, imports it with DTensor.
 
-The workers are real: ``convoy train`` on ``local`` and on ``torchrun`` x 2 (fresh
-interpreters, not forks of the test process). A ``sitecustomize`` on ``PYTHONPATH`` has each
-worker write ``sys.modules`` when its first train step (forward, backward, optimizer) is done.
+The workers are real: ``convoy train`` on ``local`` and on ``torchrun`` x 2, each command a
+fresh interpreter, not the test process. torchrun's workers are forked from the fork server
+that command starts, so they hold what it preloads (``convoy.fork_server.PRELOAD``) too. A
+``sitecustomize`` on ``PYTHONPATH`` has each worker write ``sys.modules`` when its first train
+step (forward, backward, optimizer) is done.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ from convoy.errors import LaunchError, ResourceError
 from convoy.launchers import get_launcher
 from convoy.launchers.base import WorkerEntry
 from convoy.outputs import CONFIG_FILE, METRICS_FILE, SUMMARY_FILE, read_metrics
+from convoy.testing import CENSUS_VARIABLE
 
 pytestmark = pytest.mark.e2e
 RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "digits_mlp.yaml"
@@ -94,7 +95,7 @@ def test_a_failed_torchrun_worker_is_torchruns_summary_and_one_error(
     with pytest.raises(LaunchError, match="torchrun exited with code 1"):
         convoy.train(job)
     err = capsys.readouterr().err
-    assert "convoy.launchers.torchrun FAILED" in err and "rank      : 1" in err
+    assert "convoy_worker FAILED" in err and "rank      : 1" in err
     assert "ChildFailedError" not in err
 
 
@@ -164,6 +165,33 @@ def test_launchers_run_any_worker_entry(tmp_path: Path, launcher: str) -> None:
     result = get_launcher(launcher).launch(job, census_entry(launcher))
     assert_census(result, workers, launcher)
     assert not (result.run_dir / METRICS_FILE).exists()  # the engine did not run
+
+
+def test_torchrun_workers_get_the_environment_and_output_of_their_launch(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The workers are forked from a fork server that this process starts once, with the
+    environment and the standard output of that moment. Each launch's workers still see the
+    environment this process has at their launch, and write to its standard output as it is
+    then: the second launch's to this test's capture, where the first launch (which starts the
+    server, unless an earlier test did) wrote past it."""
+
+    def census(launch: str) -> dict:  # type: ignore[type-arg]
+        monkeypatch.setenv(CENSUS_VARIABLE, launch)
+        job = recipe_job(tmp_path, "scaling.launcher=torchrun", "scaling.num_workers=2",
+                         f"run.name={launch}")  # fmt: skip
+        result = get_launcher("torchrun").launch(job, census_entry(launch))
+        assert_census(result, 2, launch)
+        return result.summary
+
+    with capfd.disabled():
+        first = census("first")
+    second = census("second")
+    assert {r["environment"] for r in first["ranks"]} == {"first"}
+    assert {r["environment"] for r in second["ranks"]} == {"second"}
+    out = capfd.readouterr().out
+    assert "census second rank 0" in out and "census second rank 1" in out
+    assert "census first" not in out
 
 
 @pytest.mark.ray

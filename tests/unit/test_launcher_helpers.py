@@ -21,6 +21,7 @@ from convoy.distributed import (
     cgroup_cpu_quota,
     default_threads,
     free_port,
+    lost_a_peer,
     usable_cpus,
     worker_threads,
 )
@@ -1065,3 +1066,29 @@ def test_torchrun_workers_get_their_thread_count_in_omp_num_threads(
     assert worker_environment(pinned, endpoint)["OMP_NUM_THREADS"] == "3"
     monkeypatch.setenv("OMP_NUM_THREADS", "5")
     assert worker_environment(pinned, endpoint)["OMP_NUM_THREADS"] == "5"
+
+
+GLOO_RESET = (
+    "[../gloo/transport/tcp/pair.cc:537] Read error [127.0.0.1]:28802: Connection reset by peer."
+)
+
+
+def test_a_failure_on_a_lost_peer_is_told_from_the_rank_that_failed_first() -> None:
+    """A rank whose collective lost the rank at the other end (gloo's words, also as the cause
+    or the context of what the rank raised) failed because that rank did; its own fault is
+    not."""
+    import torch.distributed as dist
+
+    assert lost_a_peer(RuntimeError(GLOO_RESET))
+    assert lost_a_peer(dist.DistNetworkError("the store's host went away"))
+    try:
+        try:
+            raise RuntimeError("[pair.cc:553] Connection closed by peer [127.0.0.1]:52953.")
+        except RuntimeError:
+            raise ValueError("saving on the way out failed")  # noqa: B904 (the context is the test)
+    except ValueError as raised:
+        assert lost_a_peer(raised)  # raised while handling the lost peer
+    wrapped = RuntimeError("the step failed")
+    wrapped.__cause__ = RuntimeError(GLOO_RESET)
+    assert lost_a_peer(wrapped)
+    assert not lost_a_peer(ValueError("fault injection: rank 1 raised after step 1"))

@@ -1,10 +1,13 @@
 """``torchrun``: the vanilla PyTorch baseline.
 
 The driver writes the resolved config into the run directory and runs torchrun's agent
-(``torch.distributed.run ... -m convoy.launchers.torchrun <config.yaml>``) in its own process;
-each worker (this module's ``__main__``) reads torchrun's environment once and runs the engine. Elastic
-``nnodes: MIN:MAX``, c10d rendezvous and ``--max-restarts`` (from ``scaling.max_failures``)
-come straight from the config.
+(``torch.distributed.run ... -m convoy.launchers.torchrun <config.yaml>``) in its own process.
+The agent forks each worker (``convoy_worker``) from a fork server that has imported torch and
+the engine once (``convoy.fork_server``), rather than starting an interpreter per worker; the
+command line stays what ``torchrun`` would run on its own (this module's ``__main__``, for
+``torchrun_command`` and for users who run torchrun themselves). Each worker reads torchrun's
+environment once and runs the engine. Elastic ``nnodes: MIN:MAX``, c10d rendezvous and
+``--max-restarts`` (from ``scaling.max_failures``) come straight from the config.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import signal
 import socket
 import sys
 import tempfile
+import time
 import traceback
 import warnings
 from collections.abc import Iterator
@@ -31,7 +35,12 @@ from convoy.config import (
     nodes_range,
     torchrun_layout,
 )
-from convoy.distributed import WorkerContext, default_threads, exit_without_teardown
+from convoy.distributed import (
+    WorkerContext,
+    default_threads,
+    exit_without_teardown,
+    lost_a_peer,
+)
 from convoy.engine.stop import (
     STOPPED_EXIT_CODE,
     STOPPED_FILE,
@@ -39,6 +48,7 @@ from convoy.engine.stop import (
     handling_stop_signals,
 )
 from convoy.errors import ConfigError, LaunchError
+from convoy.fork_server import CallerStdio, fork_server_start_method, handed_environment
 from convoy.launchers.base import (
     TRAIN,
     Launcher,
@@ -142,35 +152,47 @@ def torchrun_arguments(
     return [*command, *worker]
 
 
-# torchrun's agent's lines on a stop signal, which say what Convoy's line says after it.
-STOP_LOG_LINES = (
-    "Received %s death signal, shutting down workers",
-    "Sending process %s closing signal %s",
-)
-AGENT_LOGGERS = (
-    "torch.distributed.elastic.agent.server.api",
-    "torch.distributed.elastic.multiprocessing.api",
-)
+# torchrun's agent's lines, by logger, that say what a line after them says: Convoy's line
+# on a stop signal, or torchrun's summary of a failed worker (a forked worker's failure is
+# also logged with the agent's own traceback, and the others' ending).
+QUIET_LOG_LINES = {
+    "torch.distributed.elastic.agent.server.api": (
+        "Received %s death signal, shutting down workers",
+    ),
+    "torch.distributed.elastic.multiprocessing.api": (
+        "Sending process %s closing signal %s",
+        "failed (exitcode: %s) local_rank: %s (pid: %s) of fn: %s (start_method: %s)",
+        "Closing process %s via signal %s",
+    ),
+    "torch.multiprocessing.spawn": ("Terminating process %s via signal SIGTERM",),
+}
 # The signals torchrun's own handler keeps while its agent runs in this process; the stop
 # signals are Convoy's (``stopping_the_agent``).
 AGENT_HANDLED_SIGNALS = "SIGHUP,SIGQUIT"
 
 
 def run_agent(argv: list[str], env: dict[str, str]) -> int:
-    """torchrun (``torch.distributed.run``'s main) on ``argv``, in this process, its workers
-    given ``env``; its exit code. The agent runs here rather than in an interpreter of its own:
-    that one cost a launch about 2 CPU-s (Python, ``import torch`` and torchrun's modules)
-    of 10. A stop signal ends it as it ends torchrun: the agent sends its workers the signal
-    and waits for them, and they save and say so; then 128 + the signal's number, without
-    the traceback of its ``SignalException`` or its log lines about the signal. A worker's
-    failure is torchrun's summary of it, without the traceback around it."""
+    """torchrun's agent on ``argv`` (torchrun's own arguments), in this process, its workers
+    forked from the fork server (``convoy_worker``) and given ``env``; its exit code.
+
+    The agent runs here rather than in an interpreter of its own, and its workers are forked
+    rather than started: each interpreter cost a launch about 2-3 CPU-s (Python, ``import
+    torch``, DCP and the engine). A stop signal ends it as it ends torchrun: the agent sends its
+    workers the signal and waits for them, and they save and say so; then 128 + the signal's
+    number, without the traceback of its ``SignalException`` or its log lines about the
+    signal. A worker's failure is torchrun's summary of it, without the traceback around it."""
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import main
+    from torch.distributed.launcher.api import elastic_launch
+    from torch.distributed.run import config_from_args, parse_args
 
-    with agent_environment(env), quiet_stop_lines(), stopping_the_agent(SignalException):
+    with agent_environment(env), quiet_agent_lines(), stopping_the_agent(SignalException):
         try:
-            main(argv)
+            args = parse_args(argv)
+            config, _, _ = config_from_args(args)
+            config.start_method = fork_server_start_method()
+            worker_args = (CallerStdio(), env, *args.training_script_args)
+            elastic_launch(config, entrypoint=convoy_worker)(*worker_args)
         except SignalException as stopped:
             return 128 + int(stopped.sigval)
         except ChildFailedError as failed:
@@ -214,19 +236,19 @@ def agent_environment(env: dict[str, str]) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def quiet_stop_lines() -> Iterator[None]:
-    """torchrun's agent's ``STOP_LOG_LINES`` left out while inside."""
-
-    def not_a_stop_line(record: logging.LogRecord) -> bool:
-        return record.msg not in STOP_LOG_LINES
-
-    for name in AGENT_LOGGERS:
-        logging.getLogger(name).addFilter(not_a_stop_line)
+def quiet_agent_lines() -> Iterator[None]:
+    """torchrun's agent's ``QUIET_LOG_LINES`` left out while inside."""
+    filters = {
+        name: (lambda record, lines=lines: record.msg not in lines)
+        for name, lines in QUIET_LOG_LINES.items()
+    }
+    for name, keep in filters.items():
+        logging.getLogger(name).addFilter(keep)
     try:
         yield
     finally:
-        for name in AGENT_LOGGERS:
-            logging.getLogger(name).removeFilter(not_a_stop_line)
+        for name, keep in filters.items():
+            logging.getLogger(name).removeFilter(keep)
 
 
 @contextlib.contextmanager
@@ -291,6 +313,11 @@ class TorchrunLauncher(Launcher):
         return RunResult(storage.uri, read_summary(storage.uri))
 
 
+# How long a rank that failed on a lost peer waits before it exits: longer than the agent takes
+# to notice a worker's end (torchrun's monitor interval, 0.1 s).
+LOST_PEER_GRACE_S = 2.0
+
+
 def worker_context_from_env(job: Job) -> WorkerContext:
     """torchrun's contract: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT."""
     local_rank = int(os.environ["LOCAL_RANK"])
@@ -305,8 +332,9 @@ def worker_context_from_env(job: Job) -> WorkerContext:
     )
 
 
-def worker_main(argv: list[str]) -> None:
-    """A torchrun worker: ``CONFIG.yaml [ENTRY.json]`` (the engine when no entry is given)."""
+def run_worker(argv: list[str]) -> None:
+    """A torchrun worker's work: ``CONFIG.yaml [ENTRY.json]`` (the engine when no entry is
+    given). It returns when the entry is done; on a stop or a failure it exits at once."""
     job = load_job(argv[0])
     entry = WorkerEntry.from_dict(json.loads(argv[1])) if len(argv) > 1 else TRAIN
     try:
@@ -315,10 +343,36 @@ def worker_main(argv: list[str]) -> None:
         # Saved and stopped on a request: an exit the agent restarts (--max-restarts) and
         # the launcher reads from STOPPED_FILE, without a traceback.
         exit_without_teardown(STOPPED_EXIT_CODE)
-    except BaseException:
+    except BaseException as exc:
         # Fail fast: peers blocked in a collective see the connection drop at once.
         traceback.print_exc()
+        if lost_a_peer(exc):
+            # Failed because another rank is gone: that rank ends first, so that the agent's
+            # summary names it, and the agent ends this one meanwhile.
+            time.sleep(LOST_PEER_GRACE_S)
         exit_without_teardown(1)
+
+
+def convoy_worker(stdio: CallerStdio, environ: dict[str, str], *argv: str) -> None:
+    """A worker forked from the fork server by the agent of ``run_agent``: the driver's standard
+    output and error and environment (``environ``, with torchrun's variables over it), then
+    ``run_worker``. It returns, rather than exit as ``worker_main`` does, because the agent
+    counts a forked worker done by its return value; the process then ends without the
+    interpreter's teardown (``multiprocessing`` exits with ``os._exit``)."""
+    # A session of its own, as torchrun's started workers have: a terminal's Ctrl-C reaches
+    # the driver only, whose agent passes it on once.
+    os.setsid()
+    stdio.attach()
+    handed_environment(environ)
+    run_worker(list(argv))
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def worker_main(argv: list[str]) -> None:
+    """A torchrun worker started as ``python -m convoy.launchers.torchrun CONFIG.yaml
+    [ENTRY.json]`` (``torchrun_command``)."""
+    run_worker(argv)
     exit_without_teardown()
 
 
