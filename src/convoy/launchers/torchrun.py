@@ -299,7 +299,7 @@ class TorchrunLauncher(Launcher):
             # Workers read the resolved config from a local file, wherever the run is stored.
             config_path = Path(scratch) / CONFIG_FILE
             config_path.write_text(job_to_yaml(job))
-            # torchrun starts its workers in sessions of their own: a terminal's Ctrl-C
+            # Each worker is in a session of its own (``convoy_worker``): a terminal's Ctrl-C
             # reaches only this process, whose agent passes it on once.
             arguments = torchrun_arguments(job, config_path, endpoint, entry)
             returncode = run_agent(arguments, worker_environment(job, endpoint))
