@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -192,6 +195,32 @@ def test_torchrun_workers_get_the_environment_and_output_of_their_launch(
     out = capfd.readouterr().out
     assert "census second rank 0" in out and "census second rank 1" in out
     assert "census first" not in out
+    # The server is out of this process's session: a signal to this process group (a
+    # terminal's Ctrl-C or hang-up) does not end it under the agent.
+    from multiprocessing.forkserver import _forkserver
+
+    assert os.getsid(_forkserver._forkserver_pid) != os.getsid(0)
+
+
+def test_a_script_that_launches_at_its_top_level_launches_once(tmp_path: Path) -> None:
+    """A user's script that calls ``convoy.train`` at its top level, with no ``if __name__ ==
+    "__main__":``, trains once on torchrun: the workers forked for it do not run the script
+    again (Python's fork server would, as the parent's ``__main__``)."""
+    script = tmp_path / "train_top_level.py"
+    script.write_text(
+        "import convoy\n"
+        "from convoy.config import load_job\n"
+        f"job = load_job({str(RECIPE)!r}, [{f'run.storage_dir={tmp_path}'!r}, 'run.max_steps=5',\n"
+        "    'run.progress=off', 'scaling.launcher=torchrun', 'scaling.num_workers=2'])\n"
+        "print('launching', flush=True)\n"
+        "print('trained', convoy.train(job).summary['steps'], flush=True)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert done.stdout.count("launching") == 1, done.stdout[-3000:]
+    assert "trained 5" in done.stdout
 
 
 @pytest.mark.ray

@@ -20,6 +20,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import traceback
 import warnings
@@ -48,7 +49,14 @@ from convoy.engine.stop import (
     handling_stop_signals,
 )
 from convoy.errors import ConfigError, LaunchError
-from convoy.fork_server import CallerStdio, fork_server_start_method, handed_environment
+from convoy.fork_server import (
+    CallerStdio,
+    as_a_new_process,
+    fork_server_start_method,
+    handed_environment,
+    start_fork_server,
+    without_main_module,
+)
 from convoy.launchers.base import (
     TRAIN,
     Launcher,
@@ -166,6 +174,10 @@ QUIET_LOG_LINES = {
     ),
     "torch.multiprocessing.spawn": ("Terminating process %s via signal SIGTERM",),
 }
+# Above this many workers on a node, torchrun starts them as commands: each forked worker's
+# arguments carry every local worker's result pipe, and multiprocessing's fork server takes
+# at most 255 descriptors a worker.
+MAX_FORKED_WORKERS = 64
 # The signals torchrun's own handler keeps while its agent runs in this process; the stop
 # signals are Convoy's (``stopping_the_agent``).
 AGENT_HANDLED_SIGNALS = "SIGHUP,SIGQUIT"
@@ -184,15 +196,20 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import elastic_launch
-    from torch.distributed.run import config_from_args, parse_args
+    from torch.distributed.run import config_from_args, parse_args, run
 
     with agent_environment(env), quiet_agent_lines(), stopping_the_agent(SignalException):
         try:
             args = parse_args(argv)
+            if int(args.nproc_per_node) > MAX_FORKED_WORKERS:
+                run(args)  # workers started as commands
+                return 0
             config, _, _ = config_from_args(args)
             config.start_method = fork_server_start_method()
             worker_args = (CallerStdio(), env, *args.training_script_args)
-            elastic_launch(config, entrypoint=convoy_worker)(*worker_args)
+            with without_main_module():
+                start_fork_server()
+                elastic_launch(config, entrypoint=convoy_worker)(*worker_args)
         except SignalException as stopped:
             return 128 + int(stopped.sigval)
         except ChildFailedError as failed:
@@ -354,19 +371,29 @@ def run_worker(argv: list[str]) -> None:
 
 
 def convoy_worker(stdio: CallerStdio, environ: dict[str, str], *argv: str) -> None:
-    """A worker forked from the fork server by the agent of ``run_agent``: the driver's standard
-    output and error and environment (``environ``, with torchrun's variables over it), then
-    ``run_worker``. It returns, rather than exit as ``worker_main`` does, because the agent
-    counts a forked worker done by its return value; the process then ends without the
-    interpreter's teardown (``multiprocessing`` exits with ``os._exit``)."""
-    # A session of its own, as torchrun's started workers have: a terminal's Ctrl-C reaches
-    # the driver only, whose agent passes it on once.
-    os.setsid()
+    """A worker forked from the fork server by the agent of ``run_agent``: as a new process
+    (default signal handlers, a session of its own: a terminal's Ctrl-C reaches the driver
+    only, whose agent passes it on once), with the driver's standard streams and environment
+    (``environ``, torchrun's variables over it), then ``run_worker``.
+
+    It returns, rather than exit as ``worker_main`` does, because the agent counts a forked
+    worker done by its return value; the process then ends without the interpreter's
+    teardown, within ``EXIT_AFTER_RETURN_S`` even if a thread of the run is still busy."""
+    as_a_new_process()
     stdio.attach()
     handed_environment(environ)
     run_worker(list(argv))
     sys.stdout.flush()
     sys.stderr.flush()
+    # multiprocessing joins the process's non-daemon threads before its exit; the return value
+    # is in the agent's pipe by the time this fires.
+    exit_soon = threading.Timer(EXIT_AFTER_RETURN_S, os._exit, args=(0,))
+    exit_soon.daemon = True
+    exit_soon.start()
+
+
+# How long a forked worker that returned may take to exit on its own.
+EXIT_AFTER_RETURN_S = 10.0
 
 
 def worker_main(argv: list[str]) -> None:
