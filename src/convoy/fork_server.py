@@ -22,7 +22,8 @@ process's (``without_main_module``).
 The server keeps what it imported: a long-lived launching process (a notebook) that edits
 Convoy's own modules sees the edits in its workers after a restart of the process. Variables
 read once at import (``TORCH_LOGS``, for one) are read with the environment of the server's
-start.
+start. The handed standard streams stand in for torchrun's own redirection (``--redirects``,
+``--tee``), which Convoy does not set.
 """
 
 from __future__ import annotations

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import sys
 import tempfile
 import traceback
 from collections.abc import Callable
@@ -136,6 +137,9 @@ def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
             "tag": tag,
             "pid": os.getpid(),
             "environment": os.environ.get(CENSUS_VARIABLE),
+            "argv0": sys.argv[
+                0
+            ],  # the module a started worker runs; a forked one's is its parent's
         }
         summary = {"ranks": all_gather_objects(me)}
     RunOutputs(RunStorage.at(job.run_uri), ctx.is_main).write_summary(summary)

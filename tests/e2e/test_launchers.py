@@ -192,6 +192,7 @@ def test_torchrun_workers_get_the_environment_and_output_of_their_launch(
     second = census("second")
     assert {r["environment"] for r in first["ranks"]} == {"first"}
     assert {r["environment"] for r in second["ranks"]} == {"second"}
+    assert not any(r["argv0"].endswith("convoy/launchers/torchrun.py") for r in second["ranks"])
     out = capfd.readouterr().out
     assert "census second rank 0" in out and "census second rank 1" in out
     assert "census first" not in out
@@ -200,6 +201,24 @@ def test_torchrun_workers_get_the_environment_and_output_of_their_launch(
     from multiprocessing.forkserver import _forkserver
 
     assert os.getsid(_forkserver._forkserver_pid) != os.getsid(0)
+
+
+def test_above_the_fork_limit_torchrun_starts_its_workers_as_commands(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With more workers on a node than ``MAX_FORKED_WORKERS`` (here lowered to 1), torchrun
+    starts them as ``python -m convoy.launchers.torchrun`` commands, and they run as forked
+    ones do."""
+    from convoy.launchers import torchrun
+
+    monkeypatch.setattr(torchrun, "MAX_FORKED_WORKERS", 1)
+    monkeypatch.setenv(CENSUS_VARIABLE, "commands")
+    job = recipe_job(tmp_path, "scaling.launcher=torchrun", "scaling.num_workers=2")
+    result = get_launcher("torchrun").launch(job, census_entry("commands"))
+    assert_census(result, 2, "commands")
+    ranks = result.summary["ranks"]
+    assert {r["environment"] for r in ranks} == {"commands"}
+    assert all(r["argv0"].endswith("convoy/launchers/torchrun.py") for r in ranks), ranks
 
 
 def test_a_script_that_launches_at_its_top_level_launches_once(tmp_path: Path) -> None:
