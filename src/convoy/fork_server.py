@@ -108,14 +108,16 @@ def fork_server_start_method() -> str:
     return "forkserver"
 
 
-def start_fork_server() -> None:
+def start_fork_server() -> str:
     """Start this process's fork server now and wait until it has imported its preloads (a
     no-op worker forked and joined), so that a signal in the seconds that takes finds no
-    worker half started."""
-    if fork_server_start_method() == "forkserver":
+    worker half started; the start method (``fork_server_start_method``)."""
+    method = fork_server_start_method()
+    if method == "forkserver":
         ready = mp.get_context("forkserver").Process(target=os.getpid, daemon=True)
         ready.start()
         ready.join()
+    return method
 
 
 @contextlib.contextmanager

@@ -52,7 +52,6 @@ from convoy.errors import ConfigError, LaunchError
 from convoy.fork_server import (
     CallerStdio,
     as_a_new_process,
-    fork_server_start_method,
     handed_environment,
     start_fork_server,
     without_main_module,
@@ -205,10 +204,9 @@ def run_agent(argv: list[str], env: dict[str, str]) -> int:
                 run(args)  # workers started as commands
                 return 0
             config, _, _ = config_from_args(args)
-            config.start_method = fork_server_start_method()
             worker_args = (CallerStdio(), env, *args.training_script_args)
             with without_main_module():
-                start_fork_server()
+                config.start_method = start_fork_server()
                 elastic_launch(config, entrypoint=convoy_worker)(*worker_args)
         except SignalException as stopped:
             return 128 + int(stopped.sigval)
