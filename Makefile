@@ -77,10 +77,13 @@ format: install
 	$(VENV)/bin/ruff check --fix src tests benchmarks examples
 	$(VENV)/bin/ruff format src tests benchmarks examples
 
-# The test kube-apiserver (../shared/k8s-envtest) takes minutes to build the first time on a
-# machine; start it first, in the background, so it overlaps install and lint. The k8s tests
-# wait for it on the same lock (and skip, saying why, where it cannot be built).
+# The test kube-apiserver: built by tests/cluster/k8s/build_apiserver.sh (the sources and
+# folder of ../shared/k8s-envtest/build.sh, for less CPU: it says how), started and stopped by
+# ../shared/k8s-envtest's scripts. It takes minutes to build the first time on a machine;
+# start it first, in the background, so it overlaps install and lint. The k8s tests wait for
+# it on the same lock (and skip, saying why, where it cannot be built).
 ENVTEST ?= ../shared/k8s-envtest
+ENVTEST_BUILD := tests/cluster/k8s/build_apiserver.sh
 ENVTEST_LOCK := /tmp/convoy-envtest-build.lock
 
 # apt-get takes dpkg's lock and fails at once when another apt-get holds it: the build's one
@@ -93,15 +96,11 @@ RSYNC_INSTALL := command -v rsync >/dev/null || apt-get $(APT_WAIT) install -y -
 # Its CPU (the shell's `times`: what its children used) goes to ENVTEST_CPU once it ends, for
 # the bill tests/run_tiers.py prints: it runs outside the make that waits for the rest.
 ENVTEST_CPU := /tmp/convoy-envtest-build.cpu
-# Go's compiler collects garbage less often at GOGC=400 than at its default 100: the build took
-# 309 and 323 CPU-s against 385 on this machine (quiet, 2 cores), its largest compile 1.7 GB.
-# A GOGC of the user's own wins.
-ENVTEST_GOGC := 400
 
 envtest-build:
-	@rm -f $(ENVTEST_CPU); if [ -f $(ENVTEST)/build.sh ] && command -v flock >/dev/null; then \
+	@rm -f $(ENVTEST_CPU); if [ -f $(ENVTEST)/start.sh ] && command -v flock >/dev/null; then \
 		(flock $(ENVTEST_LOCK) sh -c 'flock $(APT_LOCK) sh -c "$(RSYNC_INSTALL)"; \
-			GOGC=$${GOGC:-$(ENVTEST_GOGC)} bash $(ENVTEST)/build.sh; times >$(ENVTEST_CPU)' >/tmp/convoy-envtest-build.log 2>&1 &); \
+			bash $(ENVTEST_BUILD); times >$(ENVTEST_CPU)' >/tmp/convoy-envtest-build.log 2>&1 &); \
 	fi
 
 # Debian's Chromium, for the headless-browser check of `convoy report`'s HTML. Installed only

@@ -3,7 +3,7 @@
 Question (issue 40): CI runs the suite on a fresh machine, where two caches a developer's
 machine keeps warm are empty: Inductor's (``/tmp/torchinductor_<user>``: the C++ kernels the
 ``run.compile`` tests build) and the test API server's (``~/.cache/convoy-envtest``:
-kube-apiserver, built from source by ``../shared/k8s-envtest/build.sh``, in the background
+kube-apiserver, built from source by ``tests/cluster/k8s/build_apiserver.sh``, in the background
 from ``make test``'s start). How many CPU-seconds does each add to a run that a warm machine's
 figures do not show?
 
@@ -35,7 +35,7 @@ from dated import publish  # this folder's helper
 
 REPO = Path(__file__).resolve().parents[1]
 CPUACCT = Path("/sys/fs/cgroup/cpuacct")
-ENVTEST_BUILD = REPO.parent / "shared" / "k8s-envtest" / "build.sh"
+ENVTEST_BUILD = REPO / "tests" / "cluster" / "k8s" / "build_apiserver.sh"
 # The modules with a run.compile test: each compiles its model's blocks with Inductor.
 COMPILE_TESTS = (
     "tests/unit/test_blocks.py",
@@ -109,7 +109,7 @@ def build_row() -> str:
         cpu, wall = measured(["bash", str(ENVTEST_BUILD)], env)
     finally:
         shutil.rmtree(folder, ignore_errors=True)
-    return f"| kube-apiserver + etcd (`build.sh`, a new folder) | **{cpu:.1f}** | {wall:.0f} |"
+    return f"| kube-apiserver + etcd (`build_apiserver.sh`, a new folder) | **{cpu:.1f}** | {wall:.0f} |"
 
 
 def main() -> None:

@@ -1,9 +1,9 @@
 """A real kube-apiserver + etcd on loopback for the ``convoy k8s`` tests (k8s-envtest).
 
-``envtest`` (module-scoped) builds the server once per machine (``build.sh`` returns at once
-when it is built), starts one server for the module that uses it with the KubeRay v1.7.0 CRDs
-created from the copies Convoy ships (their CEL rules stripped: a 1.20 server rejects the
-field), and stops it by its pid files after that module. Where it cannot (no build tools, no
+``envtest`` (module-scoped) builds the server once per machine (``build_apiserver.sh``
+beside this file returns at once when it is built), starts one server for the module that
+uses it with the KubeRay v1.7.0 CRDs created from the copies Convoy ships (their CEL rules
+stripped: a 1.20 server rejects the field), and stops it by its pid files after that module. Where it cannot (no build tools, no
 network to the Debian archive, no envtest scripts) every test here skips with the reason.
 
 There is no kubelet, scheduler or controller: nothing runs a pod and no operator moves a
@@ -31,6 +31,8 @@ REPO = Path(__file__).resolve().parents[3]
 ENVTEST_SCRIPTS = Path(
     os.environ.get("CONVOY_ENVTEST_SCRIPTS", REPO.parent / "shared" / "k8s-envtest")
 )
+# Convoy's own build of what those scripts start (the Makefile's ENVTEST_BUILD: it says why).
+BUILD = Path(__file__).with_name("build_apiserver.sh")
 CRDS = REPO / "src" / "convoy" / "k8s" / "crds"
 BUILD_TIMEOUT_S = 1200
 
@@ -65,26 +67,19 @@ def _skip(reason: str) -> None:
 
 
 def _build() -> None:
-    build = ENVTEST_SCRIPTS / "build.sh"
-    if not build.exists():
+    if not (ENVTEST_SCRIPTS / "start.sh").exists():
         _skip(f"no k8s-envtest scripts at {ENVTEST_SCRIPTS} (set CONVOY_ENVTEST_SCRIPTS)")
     try:
         # `make test` may have started the build in the background: wait on its lock.
         lock = ["flock", BUILD_LOCK] if shutil.which("flock") else []
-        # Go's garbage collector at the Makefile's ENVTEST_GOGC, as `make test` builds it.
-        env = {"GOGC": "400", **os.environ}
         done = subprocess.run(
-            [*lock, "bash", str(build)],
-            capture_output=True,
-            text=True,
-            timeout=BUILD_TIMEOUT_S,
-            env=env,
+            [*lock, "bash", str(BUILD)], capture_output=True, text=True, timeout=BUILD_TIMEOUT_S
         )
     except subprocess.TimeoutExpired:
-        _skip(f"k8s-envtest build.sh did not finish in {BUILD_TIMEOUT_S} s")
+        _skip(f"{BUILD.name} did not finish in {BUILD_TIMEOUT_S} s")
     if done.returncode != 0:
         tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-3:])
-        _skip(f"k8s-envtest build.sh failed (exit {done.returncode}): {tail}")
+        _skip(f"{BUILD.name} failed (exit {done.returncode}): {tail}")
 
 
 def _create_crds(api: Any) -> None:
