@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 
 from dated import compile_sources, publish  # this folder's helpers
@@ -132,6 +133,17 @@ def sample(group: Path, seen: dict[int, tuple[str, float]]) -> bool:
     return bool(pids)
 
 
+@contextlib.contextmanager
+def probed_folder(prefix: str) -> Iterator[Path]:
+    """A temporary folder for a benchmark's runs, with ``PROBE`` as ``probe/sitecustomize.py``
+    (what ``run_once`` puts on ``PYTHONPATH``); removed after."""
+    with tempfile.TemporaryDirectory(prefix=prefix, dir="/tmp") as folder:
+        tmp = Path(folder)
+        (tmp / "probe").mkdir()
+        (tmp / "probe" / "sitecustomize.py").write_text(PROBE)
+        yield tmp
+
+
 def run_once(
     tree: Path,
     launcher: str,
@@ -141,28 +153,47 @@ def run_once(
     extra: tuple[str, ...] = (),
 ) -> dict:
     """One ``convoy train`` in a cpuacct group of its own, sampled until its last process."""
-    imports, log = tmp / f"imports-{name}", tmp / f"{name}.log"
+    imports = tmp / f"imports-{name}"
     imports.mkdir()
     env = {
         **os.environ,
         "PYTHONPATH": f"{tree / 'src'}{os.pathsep}{tmp / 'probe'}",
         "LAUNCH_COST_IMPORTS": str(imports),
-        "RAY_TMPDIR": str(tmp),  # the private Ray's folder, removed with the rest
-        "RAY_USAGE_STATS_ENABLED": "0",
     }
-    env.pop("RAY_ADDRESS", None)  # a private Ray, not one a shell points at
     command = [
         str(Path(sys.executable).parent / "convoy"), "train",
         str(tree / "recipes" / f"{recipe}.yaml"), "-o", "run.epochs=1", *LAUNCHERS[launcher],
         "-o", f"run.storage_dir={tmp / 'runs'}", "-o", f"run.name={name}",
         *(flag for override in extra for flag in ("-o", override)),
     ]  # fmt: skip
+    start = time.time()
+    run, seen = measure_command(command, env, tmp, name)
+    summary = json.loads((tmp / "runs" / name / "summary.json").read_text())
+    shutil.rmtree(tmp / "runs" / name)
+    return {
+        **run,
+        "first_step": summary["first_step_end_time"] - start,
+        "test": test_metric(summary["metrics"]),
+        "imported": check_imports(imports, tree, seen, WORKERS[launcher]),
+    }
+
+
+def measure_command(
+    command: list[str], env: dict[str, str], tmp: Path, name: str
+) -> tuple[dict, dict[int, tuple[str, float]]]:
+    """``command`` in a cpuacct group of its own, on a private Ray's folder under ``tmp``,
+    sampled until its last process: its wall, total CPU-s, CPU-s by process name, what ran
+    between samples and what was left running (and killed); and each process seen. Its
+    output goes to ``tmp/<name>.log``; a failure raises with the log's end."""
+    log = tmp / f"{name}.log"
+    env = {**env, "RAY_TMPDIR": str(tmp), "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)  # a private Ray, not one a shell points at
     group = CPUACCT / f"convoy-launch-cost-{os.getpid()}"
     group.mkdir()
     seen: dict[int, tuple[str, float]] = {}
     try:
         with log.open("w") as out:
-            start, clock = time.time(), time.monotonic()
+            clock = time.monotonic()
             process = subprocess.Popen(
                 command, env=env, stdout=out, stderr=subprocess.STDOUT,
                 preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
@@ -178,22 +209,18 @@ def run_once(
         group.rmdir()
     if process.returncode != 0:
         raise RuntimeError(f"{' '.join(command)} failed:\n{log.read_text()[-3000:]}")
-    summary = json.loads((tmp / "runs" / name / "summary.json").read_text())
-    shutil.rmtree(tmp / "runs" / name)
     processes: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
     for process_label, cpu in seen.values():
         processes[process_label][0] += 1
         processes[process_label][1] += cpu
-    return {
+    run = {
         "wall": wall,
-        "first_step": summary["first_step_end_time"] - start,
         "cpu": total,
-        "test": test_metric(summary["metrics"]),
         "processes": {k: tuple(v) for k, v in processes.items()},
         "between": total - sum(cpu for _, cpu in seen.values()),
         "left": left,
-        "imported": check_imports(imports, tree, seen, WORKERS[launcher]),
     }
+    return run, seen
 
 
 def wait_for_empty(group: Path, seen: dict[int, tuple[str, float]]) -> list[str]:
@@ -269,23 +296,32 @@ def launcher_tables(launcher: str, runs: dict[str, list[dict]]) -> str:
             f"\n{trees[1]} / {trees[0]}: total CPU-s **{median(pairs['cpu']):.2f}**, "
             f"wall {median(pairs['wall']):.2f}, first step {median(pairs['first_step']):.2f}"
         )
-    names = {name for results in runs.values() for r in results for name in r["processes"]}
-    lines += ["", "| process | " + " | ".join(trees) + " |", "|---" * (len(trees) + 1) + "|"]
+    lines += ["", *process_rows(runs)]
+    return "\n".join(lines)
 
-    def cell(tree: str, name: str) -> tuple[float, str]:
-        counts = [r["processes"].get(name, (0, 0.0)) for r in runs[tree]]
+
+def process_rows(runs: dict[str, list[dict]]) -> list[str]:
+    """A table of each process's CPU-s (the median over repetitions, and the most processes of
+    that name in one run), one column for each of ``runs``' labels; then what ran between
+    samples, the total, and what was left running."""
+    labels = list(runs)
+    names = {name for results in runs.values() for r in results for name in r["processes"]}
+
+    def cell(label: str, name: str) -> tuple[float, str]:
+        counts = [r["processes"].get(name, (0, 0.0)) for r in runs[label]]
         cpu, most = median([c[1] for c in counts]), max(c[0] for c in counts)
         return cpu, f"{cpu:.1f}" + (f" ({most})" if most > 1 else "")
 
-    rows = sorted(names, key=lambda name: -max(cell(t, name)[0] for t in trees))
-    lines += [f"| {n} | " + " | ".join(cell(t, n)[1] for t in trees) + " |" for n in rows]
-    for label, key in (("between samples", "between"), ("**total (cpuacct)**", "cpu")):
-        cells = [f"{median([r[key] for r in runs[t]]):.1f}" for t in trees]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    lines = ["| process | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
+    rows = sorted(names, key=lambda name: -max(cell(label, name)[0] for label in labels))
+    lines += [f"| {n} | " + " | ".join(cell(label, n)[1] for label in labels) + " |" for n in rows]
+    for title, key in (("between samples", "between"), ("**total (cpuacct)**", "cpu")):
+        cells = [f"{median([r[key] for r in runs[label]]):.1f}" for label in labels]
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
     left = {name for results in runs.values() for r in results for name in r["left"]}
     if left:
         lines.append(f"\nleft running 30 s after the command, then killed: {sorted(left)}")
-    return "\n".join(lines)
+    return lines
 
 
 def describe(trees: dict[str, Path]) -> str:
@@ -324,10 +360,7 @@ def main() -> None:
         compile_sources(tree)
     results: dict[str, dict[str, list[dict]]] = {n: {t: [] for t in trees} for n in launchers}
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="lc", dir="/tmp") as folder:
-        tmp = Path(folder)
-        (tmp / "probe").mkdir()
-        (tmp / "probe" / "sitecustomize.py").write_text(PROBE)
+    with probed_folder("lc") as tmp:
         for index in range(args.repeats):
             order = list(trees) if index % 2 == 0 else list(trees)[::-1]
             for launcher in launchers:

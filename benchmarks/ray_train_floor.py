@@ -10,9 +10,8 @@ cleaner, no metrics callbacks) and the same gloo process group, whose workers ru
 loop. Everything above the floor is Convoy's: its driver's checks and imports, its workers'
 imports beyond Ray Train's and torch's, the training, the checkpoints.
 
-Method: three commands, each in a cpuacct group of its own and sampled per process as in
-``benchmarks/launch_cost.py`` (whose helpers this uses), in turns that rotate every
-repetition:
+Method: three commands, each in a cpuacct group of its own and sampled per process by
+``benchmarks/launch_cost.py``'s helpers, in turns that rotate every repetition:
 
 - ``before``: ``convoy train recipes/digits_mlp.yaml -o run.epochs=1 -o scaling.launcher=ray
   -o scaling.num_workers=2`` in the ``--before`` tree (the issue's start, 38dd6d1);
@@ -29,17 +28,19 @@ Figures are medians over the repetitions. Must be run as root (the cgroup).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
-import subprocess
 import sys
-import tempfile
-import time
-from collections import defaultdict
 from pathlib import Path
 
 from dated import compile_sources, publish  # this folder's helpers
-from launch_cost import CPUACCT, PROBE, describe, median, run_once, sample, wait_for_empty
+from launch_cost import (
+    describe,
+    measure_command,
+    median,
+    probed_folder,
+    process_rows,
+    run_once,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = 2
@@ -80,79 +81,21 @@ def bare_run(storage: Path) -> None:
         ray.shutdown()
 
 
-def floor_once(tmp: Path, name: str) -> dict:
-    """``bare_run`` in a process of its own, in a cpuacct group, sampled until its last
-    process (``launch_cost.run_once``'s method, for a command that is not ``convoy train``)."""
-    env = {**os.environ, "RAY_TMPDIR": str(tmp), "RAY_USAGE_STATS_ENABLED": "0"}
-    env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, __file__, "--bare", str(tmp / "runs" / name)]
-    group = CPUACCT / f"convoy-ray-floor-{os.getpid()}"
-    group.mkdir()
-    seen: dict[int, tuple[str, float]] = {}
-    try:
-        with (tmp / f"{name}.log").open("w") as out:
-            clock = time.monotonic()
-            process = subprocess.Popen(
-                command, env=env, stdout=out, stderr=subprocess.STDOUT,
-                preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
-            )  # fmt: skip
-            while sample(group, seen) and process.poll() is None:
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=0.2)
-            process.wait()
-            wall = time.monotonic() - clock
-        left = wait_for_empty(group, seen)
-        total = int((group / "cpuacct.usage").read_text()) / 1e9
-    finally:
-        group.rmdir()
-    if process.returncode != 0:
-        log = (tmp / f"{name}.log").read_text()[-3000:]
-        raise RuntimeError(f"the bare run failed:\n{log}")
-    processes: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-    for label, cpu in seen.values():
-        processes[label][0] += 1
-        processes[label][1] += cpu
-    return {
-        "wall": wall,
-        "cpu": total,
-        "processes": {k: tuple(v) for k, v in processes.items()},
-        "between": total - sum(cpu for _, cpu in seen.values()),
-        "left": left,
-    }
-
-
 def table(runs: dict[str, list[dict]]) -> str:
-    """Totals, ratios to ``before``, and CPU-s by process for each of the three."""
-    labels = list(runs)
+    """Totals and ratios to ``before``, then CPU-s by process, for each of the three."""
     lines = [
         "| command | wall (s) | total CPU-s | CPU-s of each run | of before's |",
         "|---|---|---|---|---|",
     ]
-    for label in labels:
-        ratios = [r["cpu"] / b["cpu"] for r, b in zip(runs[label], runs["before"], strict=True)]
+    for label, results in runs.items():
+        ratios = [r["cpu"] / b["cpu"] for r, b in zip(results, runs["before"], strict=True)]
         lines.append(
-            f"| {label} | {median([r['wall'] for r in runs[label]]):.1f} "
-            f"| {median([r['cpu'] for r in runs[label]]):.1f} "
-            f"| {', '.join(format(r['cpu'], '.1f') for r in runs[label])} "
+            f"| {label} | {median([r['wall'] for r in results]):.1f} "
+            f"| {median([r['cpu'] for r in results]):.1f} "
+            f"| {', '.join(format(r['cpu'], '.1f') for r in results)} "
             f"| **{median(ratios):.2f}** |"
         )
-    names = {name for results in runs.values() for r in results for name in r["processes"]}
-
-    def cell(label: str, name: str) -> tuple[float, str]:
-        counts = [r["processes"].get(name, (0, 0.0)) for r in runs[label]]
-        cpu, most = median([c[1] for c in counts]), max(c[0] for c in counts)
-        return cpu, f"{cpu:.1f}" + (f" ({most})" if most > 1 else "")
-
-    lines += ["", "| process | " + " | ".join(labels) + " |", "|---" * (len(labels) + 1) + "|"]
-    rows = sorted(names, key=lambda name: -max(cell(label, name)[0] for label in labels))
-    lines += [f"| {n} | " + " | ".join(cell(label, n)[1] for label in labels) + " |" for n in rows]
-    for title, key in (("between samples", "between"), ("**total (cpuacct)**", "cpu")):
-        cells = [f"{median([r[key] for r in runs[label]]):.1f}" for label in labels]
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
-    left = {name for results in runs.values() for r in results for name in r["left"]}
-    if left:
-        lines.append(f"\nleft running 30 s after the command, then killed: {sorted(left)}")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *process_rows(runs)])
 
 
 def main() -> None:
@@ -170,16 +113,14 @@ def main() -> None:
         compile_sources(tree)
     runs: dict[str, list[dict]] = {"before": [], "after": [], "floor": []}
     load = os.getloadavg()[0]
-    with tempfile.TemporaryDirectory(prefix="rf", dir="/tmp") as folder:
-        tmp = Path(folder)
-        (tmp / "probe").mkdir()
-        (tmp / "probe" / "sitecustomize.py").write_text(PROBE)
+    with probed_folder("rf") as tmp:
         for index in range(args.repeats):
             order = list(runs)[index % 3 :] + list(runs)[: index % 3]
             for label in order:
                 name = f"{label}-{index}"
                 if label == "floor":
-                    run = floor_once(tmp, name)
+                    bare = [sys.executable, __file__, "--bare", str(tmp / "runs" / name)]
+                    run, _ = measure_command(bare, dict(os.environ), tmp, name)
                 else:
                     run = run_once(trees[label], "ray", tmp, name)
                 runs[label].append(run)
