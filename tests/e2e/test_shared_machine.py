@@ -189,14 +189,24 @@ def worker_seen(pid: int) -> WorkerSeen:
 
 
 def watch_workers(
-    processes: dict[str, subprocess.Popen[str]], then: Callable[[Seen], None] | None = None
+    processes: dict[str, subprocess.Popen[str]],
+    then: Callable[[Seen], None] | None = None,
+    timeout: float = RUN_TIMEOUT_S,
 ) -> Seen:
     """Until every process ends: the train workers that descend from each process, as each
     was last seen (``WorkerSeen``). No worker may descend from two of them. ``then`` is
-    called with what has been seen after each look."""
+    called with what has been seen after each look. A process still running after
+    ``timeout`` seconds is killed and the test fails, naming it (``ray_tmp`` ends its Ray)."""
     seen: Seen = {name: {} for name in processes}
     strangers: list[tuple[int, list[int]]] = []
+    deadline = time.monotonic() + timeout
     while any(p.poll() is None for p in processes.values()):
+        if time.monotonic() > deadline:
+            running = [name for name, p in processes.items() if p.poll() is None]
+            for name in running:
+                processes[name].kill()
+                processes[name].wait()
+            pytest.fail(f"still running after {timeout:g} s, killed: {', '.join(running)}")
         for worker, chain in train_workers().items():
             owners = [name for name, p in processes.items() if p.pid in chain]
             if len(owners) > 1:
