@@ -137,9 +137,8 @@ def rank_census(job: Job, ctx: WorkerContext, tag: str) -> dict[str, Any]:
             "tag": tag,
             "pid": os.getpid(),
             "environment": os.environ.get(CENSUS_VARIABLE),
-            "argv0": sys.argv[
-                0
-            ],  # the module a started worker runs; a forked one's is its parent's
+            # The module a started worker runs; a forked one's is its parent's.
+            "argv0": sys.argv[0],
         }
         summary = {"ranks": all_gather_objects(me)}
     RunOutputs(RunStorage.at(job.run_uri), ctx.is_main).write_summary(summary)

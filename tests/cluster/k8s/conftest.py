@@ -3,8 +3,9 @@
 ``envtest`` (module-scoped) builds the server once per machine (``build_apiserver.sh``
 beside this file returns at once when it is built), starts one server for the module that
 uses it with the KubeRay v1.7.0 CRDs created from the copies Convoy ships (their CEL rules
-stripped: a 1.20 server rejects the field), and stops it by its pid files after that module. Where it cannot (no build tools, no
-network to the Debian archive, no envtest scripts) every test here skips with the reason.
+stripped: a 1.20 server rejects the field), and stops it by its pid files after that module.
+Where it cannot (no build tools, no network to the Debian archive, no envtest scripts) every
+test here skips with the reason.
 
 There is no kubelet, scheduler or controller: nothing runs a pod and no operator moves a
 status. ``Operator.set_status`` plays KubeRay's part by patching the status subresource.
